@@ -1,0 +1,80 @@
+"""TaskStreamDataModule: a seeded, one-pass order of cheap task descriptors.
+
+The stream yields ``Task`` records, never episodes: Lightning fetches the next
+batch before the current step runs, so an episode generated here would use the
+weights from before the previous update. The module generates each episode at
+the start of its training step instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import defaultdict
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from lit_ascent.envs.base import TextEnv
+from lit_ascent.trajectory import Task
+
+
+def stream_order(tasks: list[Task], seed: int, shuffle: bool = True, balance_by: str | None = None) -> list[Task]:
+    """The stream's task order: seeded shuffle, optionally round-robin over a meta key.
+
+    With ``balance_by='family'`` every prefix of the stream holds the families in
+    near-equal numbers (each family shuffled on its own, then interleaved).
+    """
+    rng = random.Random(seed)
+    tasks = list(tasks)
+    if shuffle:
+        rng.shuffle(tasks)
+    if not balance_by:
+        return tasks
+    groups: dict = defaultdict(list)
+    for t in tasks:
+        groups[t.info().get(balance_by)].append(t)
+    keys = sorted(groups, key=str)
+    if shuffle:
+        rng.shuffle(keys)
+    out: list[Task] = []
+    while any(groups[k] for k in keys):
+        out.extend(groups[k].pop(0) for k in keys if groups[k])
+    return out
+
+
+class TaskStreamDataModule(L.LightningDataModule):
+    """One pass over an environment's tasks, one attempt each."""
+
+    def __init__(self, env: TextEnv, num_tasks: int | None = None, seed: int = 0, shuffle: bool = True,
+                 balance_by: str | None = None):
+        """
+        Args:
+            env: The environment (tasks, prompt, verifier).
+            num_tasks: Length of the stream (a prefix of the ordered tasks); None = all.
+            seed: Seed of the order and of each task's reset seed.
+            shuffle: Shuffle the task order (False keeps the environment's order).
+            balance_by: Interleave tasks by this meta key (e.g. 'family') so prefixes are balanced.
+        """
+        super().__init__()
+        if num_tasks is not None and num_tasks < 1:
+            raise ValueError(f"data.num_tasks must be >= 1 or null, got {num_tasks}")
+        self.env, self.num_tasks, self.seed = env, num_tasks, seed
+        self.shuffle, self.balance_by = shuffle, balance_by
+        self.stream: list[Task] = []
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.stream:
+            return
+        ordered = stream_order(self.env.tasks(), self.seed, self.shuffle, self.balance_by)
+        ordered = ordered[: self.num_tasks] if self.num_tasks else ordered
+        rng = random.Random(self.seed + 1)
+        self.stream = [dataclasses.replace(t, index=i, seed=rng.randrange(2**31)) for i, t in enumerate(ordered)]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.stream, batch_size=1, shuffle=False, collate_fn=list, num_workers=0)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch  # task descriptors stay on the host; the rollout builds its own tensors
+
+    def teardown(self, stage: str | None = None) -> None:
+        self.env.close()

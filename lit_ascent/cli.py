@@ -1,0 +1,44 @@
+"""LightningCLI for the stream: ``python train.py fit --config ...``.
+
+Infrastructure callbacks (experience log, adapter saving, diagnostics, report)
+are always on and configured under their own keys; ``trainer.callbacks`` holds
+only the method's callbacks (gate, filter), so an ablation is a swap of that list.
+"""
+from __future__ import annotations
+
+import warnings
+
+from lightning.pytorch.cli import LightningCLI
+
+from callbacks import AdapterCheckpoint, CollapseDiagnostics, ExperienceLog, StreamReport
+from datamodules import TaskStreamDataModule
+from lit_ascent.module import OaTTTModule
+
+TRAINER_DEFAULTS = {
+    "max_epochs": 1,
+    "num_sanity_val_steps": 0,
+    "limit_val_batches": 0,
+    "enable_checkpointing": False,
+    "enable_model_summary": False,
+    "log_every_n_steps": 1,
+    "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+               "init_args": {"save_dir": "runs", "name": "stream"}},
+}
+
+
+# Known-harmless notices: the policy is put in eval mode for rollouts on purpose.
+for _pattern in (".*modules? in eval mode.*", ".*LeafSpec.*", ".*is_gradient_checkpointing.*", ".*litlogger.*"):
+    warnings.filterwarnings("ignore", message=_pattern)
+
+
+class AscentCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(ExperienceLog, "experience_log")
+        parser.add_lightning_class_args(AdapterCheckpoint, "adapter_checkpoint")
+        parser.add_lightning_class_args(CollapseDiagnostics, "diagnostics")
+        parser.add_lightning_class_args(StreamReport, "report")
+
+
+def main(args=None) -> AscentCLI:
+    return AscentCLI(OaTTTModule, TaskStreamDataModule, trainer_defaults=TRAINER_DEFAULTS,
+                     save_config_kwargs={"overwrite": True}, args=args)

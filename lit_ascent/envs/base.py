@@ -1,0 +1,118 @@
+"""The environment protocol: reset a task -> first observation; step an action.
+
+Adapters keep the environment's raw replies and report, per step, whether the
+action was executed (``valid``, the paper's d_{i,t}) and, at the end, whether the
+verifier accepted the episode (``verified``, v_i). Constructors are cheap: heavy
+state (recipe trees, game engines) is built lazily on first use.
+"""
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from lit_ascent.trajectory import Task
+
+_ACTION_RE = re.compile(r"^\s*(?:\*\*)?action(?:\*\*)?\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_action(text: str) -> str | None:
+    """The last ``Action: ...`` line of a ReAct turn, or None if there is none."""
+    found = _ACTION_RE.findall(text)
+    if not found:
+        return None
+    action = found[-1].strip().strip("`").strip()
+    return action or None
+
+
+@dataclass
+class StepResult:
+    """What the environment says about one action."""
+
+    observation: str
+    """Raw reply of the environment."""
+    done: bool = False
+    """The episode is over (solved, or the environment ended it)."""
+    verified: bool = False
+    """The verifier accepts the episode (only meaningful when ``done``)."""
+    valid: bool = True
+    """The action was executed (False: rejected / nothing happened)."""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(ABC):
+    """A text environment with a task list, a ReAct prompt and a verifier."""
+
+    name: str = "env"
+
+    @abstractmethod
+    def tasks(self) -> list[Task]:
+        """Every task this configured environment offers, in a fixed order."""
+
+    @abstractmethod
+    def reset(self, task: Task) -> str:
+        """Start ``task``; return the first observation (the task description)."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Execute one parsed action."""
+
+    def verify_at_end(self) -> bool:
+        """The verifier's verdict when the episode ends by the turn budget (default: unsolved)."""
+        return False
+
+    def system_prompt(self) -> str:
+        """Instructions (ReAct format, action syntax, examples) for the agent."""
+        return (
+            "You are an agent solving a task in a text environment. "
+            "Each turn, write one short line of reasoning starting with 'Thought:' "
+            "and then one line 'Action: <action>'."
+        )
+
+    def close(self) -> None:
+        """Release resources (processes, files)."""
+
+
+class ScriptedEnv(TextEnv):
+    """A deterministic environment for tests and the debug config.
+
+    Task k is verified iff ``k % verify_every == 0``, when ``episode_steps`` actions
+    were taken or the turn budget ends the episode (so even a random model yields
+    verified episodes); an action is valid iff it was parsed and does not contain
+    the word ``bad``. It exercises the whole loop without a real game.
+    """
+
+    name = "scripted"
+
+    def __init__(self, num_tasks: int = 8, episode_steps: int = 2, verify_every: int = 2):
+        """
+        Args:
+            num_tasks: How many tasks the environment offers.
+            episode_steps: Steps after which every episode ends.
+            verify_every: Task k is verified iff k % verify_every == 0 (1: all).
+        """
+        if num_tasks < 1 or episode_steps < 1 or verify_every < 1:
+            raise ValueError("ScriptedEnv: num_tasks, episode_steps and verify_every must be >= 1")
+        self.num_tasks, self.episode_steps, self.verify_every = num_tasks, episode_steps, verify_every
+        self._task: Task | None = None
+        self._steps = 0
+
+    def tasks(self) -> list[Task]:
+        return [Task(self.name, f"task-{k}", meta=(("family", f"f{k % 2}"),)) for k in range(self.num_tasks)]
+
+    def reset(self, task: Task) -> str:
+        self._task, self._steps = task, 0
+        return f"Goal: finish {task.task_id} in {self.episode_steps} steps."
+
+    def verify_at_end(self) -> bool:
+        assert self._task is not None, "reset() first"
+        return int(self._task.task_id.split("-")[1]) % self.verify_every == 0
+
+    def step(self, action: str) -> StepResult:
+        self._steps += 1
+        done = self._steps >= self.episode_steps
+        valid = "bad" not in action.lower()
+        verified = done and self.verify_at_end()
+        obs = f"Step {self._steps}: you did '{action}'." if valid else "Nothing happens."
+        return StepResult(obs, done=done, verified=verified, valid=valid)

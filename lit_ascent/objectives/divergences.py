@@ -1,0 +1,217 @@
+"""Full-vocabulary divergences between the student p and the teacher q.
+
+ASCENT distils the hindsight teacher q = p_theta0(. | z, prefix) into the
+student p = p^phi(. | prefix) at every generated position (METHOD.md section 2).
+All functions here are pure: logits in (any float dtype), float32 log-space
+math, one value per position out, (N,). Reductions (masks, per-step or
+per-trajectory means) belong to the caller.
+
+Naming: ``forward_kl`` is KL(q || p) (mode covering, gradient p - q w.r.t. the
+student logits), ``reverse_kl`` is KL(p || q) (mode seeking).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
+
+Head = Callable[[Tensor], Tensor]  # (n, d) hidden -> (n, V) logits
+
+
+def _log_probs(logits: Tensor) -> Tensor:
+    # (N, V) float32 log-probabilities, whatever the input dtype (bf16 included).
+    return F.log_softmax(logits.float(), dim=-1)
+
+
+def _kl_log(log_a: Tensor, log_b: Tensor) -> Tensor:
+    """KL(a || b) = sum_v a_v (log a_v - log b_v) per row, (N, V) -> (N,).
+
+    Entries with a_v = 0 (e.g. -inf logits) contribute 0; the difference is
+    zeroed *before* the product so that no 0 * inf appears in the backward.
+    """
+    a = log_a.exp()
+    diff = torch.where(a > 0, log_a - log_b, torch.zeros_like(log_a))
+    return (a * diff).sum(dim=-1)
+
+
+def forward_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """Forward KL(q || p) = sum_v q_v (log q_v - log p_v), one value per position.
+
+    Args:
+        student_logits: (N, V), p = softmax(student_logits).
+        teacher_logits: (N, V), q = softmax(teacher_logits); pass it detached.
+    Returns:
+        (N,) float32. d/d(student_logits) = p - q per position.
+    """
+    return _kl_log(_log_probs(teacher_logits), _log_probs(student_logits))
+
+
+def reverse_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """Reverse KL(p || q) = sum_v p_v (log p_v - log q_v), (N, V) x2 -> (N,) float32."""
+    return _kl_log(_log_probs(student_logits), _log_probs(teacher_logits))
+
+
+def _check_beta(beta: float) -> None:
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1], got {beta!r}")
+
+
+def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float) -> Tensor:
+    """Generalised Jensen-Shannon divergence (the GKD convention), (N,) float32.
+
+    For 0 < beta < 1, with q the teacher and p the student:
+
+        m        = beta * q + (1 - beta) * p            (log m via logaddexp)
+        JSD_beta = beta * KL(q || m) + (1 - beta) * KL(p || m)
+
+    The endpoints are special-cased: beta = 0 returns forward KL(q || p) and
+    beta = 1 returns reverse KL(p || q) exactly. This mixture is the one whose
+    limits agree with those endpoints: JSD_beta / beta -> KL(q || p) as
+    beta -> 0 and JSD_beta / (1 - beta) -> KL(p || q) as beta -> 1. (The other
+    mixture, m = beta * p + (1 - beta) * q, tends to the *reverse* KL at
+    beta -> 0, contradicting the beta = 0 endpoint.) beta = 0.5 is the standard,
+    symmetric JS divergence. Note the scale: 0 <= JSD_beta <= H(beta), the
+    binary entropy of beta (log 2 at 0.5), so inside (0, 1) values are roughly
+    beta (or 1 - beta) times the corresponding KL, and it is not continuous at
+    the endpoints.
+
+    Args:
+        student_logits: (N, V) student logits.
+        teacher_logits: (N, V) teacher logits; pass it detached.
+        beta: interpolation weight in [0, 1].
+    """
+    _check_beta(beta)
+    if beta == 0.0:
+        return forward_kl(student_logits, teacher_logits)
+    if beta == 1.0:
+        return reverse_kl(student_logits, teacher_logits)
+    log_p, log_q = _log_probs(student_logits), _log_probs(teacher_logits)
+    log_m = torch.logaddexp(log_q + math.log(beta), log_p + math.log1p(-beta))
+    return beta * _kl_log(log_q, log_m) + (1.0 - beta) * _kl_log(log_p, log_m)
+
+
+def token_divergence(
+    student_logits: Tensor, teacher_logits: Tensor, kind: str, beta: float = 0.5
+) -> Tensor:
+    """Per-position divergence named by ``kind`` (one of DIVERGENCES), (N, V) x2 -> (N,).
+
+    ``beta`` is used by ``"jsd"`` only.
+    """
+    if kind == "forward_kl":
+        return forward_kl(student_logits, teacher_logits)
+    if kind == "reverse_kl":
+        return reverse_kl(student_logits, teacher_logits)
+    if kind == "jsd":
+        return generalized_jsd(student_logits, teacher_logits, beta)
+    raise ValueError(f"unknown divergence kind {kind!r}; expected one of {DIVERGENCES}")
+
+
+def _check_chunking(kind: str, beta: float, chunk_size: int) -> None:
+    # Fail before any chunk is computed, not halfway through the loop.
+    if kind not in DIVERGENCES:
+        raise ValueError(f"unknown divergence kind {kind!r}; expected one of {DIVERGENCES}")
+    _check_beta(beta)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+
+
+def chunked_token_divergence(
+    student_hidden: Tensor,
+    teacher_hidden: Tensor,
+    head: Head,
+    kind: str,
+    beta: float = 0.5,
+    chunk_size: int = 256,
+    *,
+    teacher_head: Head | None = None,
+) -> Tensor:
+    """token_divergence(head(student_hidden), head(teacher_hidden)) without (N, V) logits.
+
+    Positions are processed in chunks. Each chunk's student *and* teacher
+    logits are built inside ``torch.utils.checkpoint`` (non-reentrant), so
+    autograd keeps only the (chunk, d) hidden slices and recomputes the
+    (chunk, V) logits during backward: peak logits memory is one chunk per
+    model, never (N, V). The teacher side always runs under ``no_grad``.
+
+    Args:
+        student_hidden: (N, d) final hidden states of the student (requires grad).
+        teacher_hidden: (N, d) teacher hidden states at the aligned positions.
+        head: LM head, (n, d) -> (n, V) logits (e.g. ``nn.Linear``); gets gradients.
+        kind, beta: as in ``token_divergence``.
+        chunk_size: positions per chunk.
+        teacher_head: head for the teacher if it differs (default: ``head``).
+    Returns:
+        (N,) float32 per-position divergence, differentiable w.r.t.
+        ``student_hidden`` and the parameters of ``head``.
+    """
+    _check_chunking(kind, beta, chunk_size)
+    if student_hidden.shape[0] != teacher_hidden.shape[0]:
+        raise ValueError(
+            f"student_hidden has {student_hidden.shape[0]} positions, "
+            f"teacher_hidden {teacher_hidden.shape[0]}"
+        )
+    t_head = head if teacher_head is None else teacher_head
+    teacher_hidden = teacher_hidden.detach()
+
+    def chunk_div(h_student: Tensor, h_teacher: Tensor) -> Tensor:
+        with torch.no_grad():
+            t_logits = t_head(h_teacher)  # (n, V)
+        return token_divergence(head(h_student), t_logits, kind, beta)
+
+    return _chunk_loop(chunk_div, student_hidden, teacher_hidden, chunk_size)
+
+
+def chunked_divergence_to_logits(
+    student_hidden: Tensor,
+    teacher_logits: Tensor,
+    head: Head,
+    kind: str,
+    beta: float = 0.5,
+    chunk_size: int = 256,
+) -> Tensor:
+    """As ``chunked_token_divergence`` but with precomputed (N, V) teacher logits.
+
+    Only the student's (chunk, V) logits are recomputed; the teacher logits are
+    already materialised by the caller (e.g. kept in bf16), and the chunks are
+    views of them, so no extra copy is held for backward.
+    """
+    _check_chunking(kind, beta, chunk_size)
+    if student_hidden.shape[0] != teacher_logits.shape[0]:
+        raise ValueError(
+            f"student_hidden has {student_hidden.shape[0]} positions, "
+            f"teacher_logits {teacher_logits.shape[0]}"
+        )
+
+    def chunk_div(h_student: Tensor, t_logits: Tensor) -> Tensor:
+        return token_divergence(head(h_student), t_logits, kind, beta)
+
+    return _chunk_loop(chunk_div, student_hidden, teacher_logits.detach(), chunk_size)
+
+
+def _chunk_loop(
+    chunk_div: Callable[[Tensor, Tensor], Tensor],
+    student_hidden: Tensor,
+    teacher_side: Tensor,
+    chunk_size: int,
+) -> Tensor:
+    n = student_hidden.shape[0]
+    if n == 0:
+        # Empty but still attached to the head and the hidden states, so a
+        # caller's backward through an empty batch works and gives zero grads.
+        return chunk_div(student_hidden, teacher_side)
+    outs = [
+        checkpoint(
+            chunk_div,
+            student_hidden[start : start + chunk_size],
+            teacher_side[start : start + chunk_size],
+            use_reentrant=False,
+        )
+        for start in range(0, n, chunk_size)
+    ]
+    return torch.cat(outs)  # (N,)

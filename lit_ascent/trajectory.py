@@ -1,0 +1,122 @@
+"""Episode and turn records: one append-only token sequence per episode.
+
+The episode is exactly the token sequence the model saw: the prompt, then per
+turn the generated assistant tokens and the tokenised observation. Every token
+carries a role and a turn index, so losses select positions by mask and the
+teacher's input can reuse the identical ids after its own (privileged) prompt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ROLE_PROMPT, ROLE_ASSISTANT, ROLE_OBSERVATION = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Task:
+    """A cheap task descriptor yielded by the stream (no environment state)."""
+
+    env: str
+    """Environment name, e.g. ``textcraft``."""
+    task_id: str
+    """Identifier inside that environment (goal item, game path, ...)."""
+    index: int = 0
+    """Position in the stream (0-based)."""
+    seed: int = 0
+    """Seed handed to the environment's reset (distractors, shuffles)."""
+    meta: tuple[tuple[str, Any], ...] = ()
+    """Extra read-only facts (depth, family), as sorted key/value pairs."""
+
+    def info(self) -> dict[str, Any]:
+        return dict(self.meta)
+
+
+@dataclass
+class Turn:
+    """One ReAct turn: the agent's text, the parsed action and the env reply."""
+
+    index: int
+    text: str
+    """Decoded assistant text of this turn (reasoning + action line)."""
+    action: str | None
+    """Parsed action, None when the output had no parseable action."""
+    observation: str
+    """The environment's raw reply (or the parse-error notice)."""
+    valid: bool
+    """d_{i,t}: the environment executed the action."""
+    span: tuple[int, int]
+    """[start, end) of this turn's assistant tokens in ``Episode.token_ids``."""
+
+
+@dataclass
+class Episode:
+    """A finished attempt at one task."""
+
+    task: Task
+    system: str
+    """System message (instructions) the student saw."""
+    first_observation: str
+    """The task description (first user message)."""
+    token_ids: list[int] = field(default_factory=list)
+    roles: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    """Turn index per token (-1 for the prompt)."""
+    prompt_len: int = 0
+    turns: list[Turn] = field(default_factory=list)
+    verified: bool = False
+    """v_i: the environment's verifier said the task was solved."""
+    error: str | None = None
+    """Environment error that ended the episode, if any."""
+    timings: dict[str, float] = field(default_factory=dict)
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    """Per-episode diagnostics (first-token entropy, drift), filled by callbacks."""
+    # Set by callbacks before the update (see callbacks/):
+    trainable: bool = True
+    """False when a callback (e.g. the verification gate) vetoes the update."""
+    pi_valid_only: bool = False
+    """Drop invalid turns from the privileged information (invalid-turn filter)."""
+
+    @property
+    def num_invalid(self) -> int:
+        return sum(not t.valid for t in self.turns)
+
+    @property
+    def actions(self) -> list[str | None]:
+        return [t.action for t in self.turns]
+
+    def ids(self) -> torch.Tensor:
+        return torch.tensor(self.token_ids, dtype=torch.long)
+
+    def assistant_mask(self) -> torch.Tensor:
+        """(T,) bool: tokens the student generated (the loss targets)."""
+        return torch.tensor(self.roles, dtype=torch.long) == ROLE_ASSISTANT
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready record of the episode (no token ids)."""
+        return {
+            "task_index": self.task.index,
+            "env": self.task.env,
+            "task_id": self.task.task_id,
+            **self.task.info(),
+            "verified": self.verified,
+            "turns": len(self.turns),
+            "invalid": self.num_invalid,
+            "actions": self.actions,
+            "valid": [t.valid for t in self.turns],
+            "tokens": len(self.token_ids),
+            "error": self.error,
+            **self.diagnostics,
+        }
+
+
+def target_positions(roles: list[int] | torch.Tensor) -> torch.Tensor:
+    """Positions p whose logits predict an assistant token (token p+1 is assistant).
+
+    Returns a (N,) long tensor of indices into the sequence, N = #assistant tokens
+    (an assistant token at position 0 cannot occur: the prompt comes first).
+    """
+    roles = torch.as_tensor(roles)
+    return torch.nonzero(roles[1:] == ROLE_ASSISTANT).flatten()
