@@ -130,10 +130,16 @@ def safe_step(env: TextEnv, action: str | None) -> tuple[StepResult, str | None]
         return StepResult(f"Environment error: {err}", done=True, valid=False), repr(err)
 
 
-def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig) -> Episode:
-    """Run one greedy ReAct episode of ``task`` with ``model`` as it is now."""
+def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None) -> Episode:
+    """Run one greedy ReAct episode of ``task`` with ``model`` as it is now.
+
+    ``context`` (e.g. privileged information for a PI-conditioned probe) is
+    appended to the system message at the same point the teacher's PI goes.
+    """
     t0 = time.perf_counter()
     system, first_obs = env.system_prompt(), env.reset(task)
+    if context:
+        system = f"{system}\n\n{context}"
     ep = Episode(task=task, system=system, first_observation=first_obs)
     prompt = chat_prompt_ids(tokenizer, system, first_obs)
     _append(ep, prompt, ROLE_PROMPT, -1)
