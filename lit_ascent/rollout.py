@@ -169,6 +169,8 @@ def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, cont
         if result.done:
             ep.verified, ended = bool(result.verified) and error is None, True
             break
+        if t == cfg.max_turns - 1:
+            break  # budget spent: no observation to show to a model that will not act again
         obs = observation_ids(tokenizer, result.observation, closed, template)
         _append(ep, obs, ROLE_OBSERVATION, t)
         decoder.extend(obs)

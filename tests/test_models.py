@@ -1,0 +1,67 @@
+"""Student/teacher contract: LoRA-only training, the teacher is the untouched base."""
+from __future__ import annotations
+
+import torch
+
+from lit_ascent.models import ModelConfig, load_policy, resolve_dtype
+from lit_ascent.tiny import tiny_model_and_tokenizer
+from tests.conftest import TINY
+
+
+def _ids(policy, text="<|im_start|>user\nhello<|im_end|>\n"):
+    return torch.tensor(policy.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _train_some(policy, steps=3):
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    ids = _ids(policy)
+    for _ in range(steps):
+        loss = policy.logits(ids[:-1]).log_softmax(-1).gather(1, ids[1:, None]).mean().neg()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_only_lora_parameters_train(policy):
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert {id(p) for p in policy.trainable_parameters()} == {id(p) for n, p in policy.model.named_parameters() if "lora_" in n}
+
+
+def test_teacher_equals_fresh_base_and_base_weights_never_move(policy):
+    base, _ = tiny_model_and_tokenizer()  # the same seeded base, loaded fresh
+    base_before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" not in n}
+    _train_some(policy)
+    ids = _ids(policy)
+    with policy.teacher():
+        teacher = policy.logits(ids)
+    fresh = base(input_ids=ids[None]).logits[0]
+    torch.testing.assert_close(teacher, fresh, rtol=1e-5, atol=1e-5)
+    student = policy.logits(ids).detach()
+    assert not torch.allclose(student, teacher), "training moved the student"
+    for n, p in policy.model.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, base_before[n]), f"base weight {n} changed"
+
+
+def test_teacher_runs_without_grad(policy):
+    with policy.teacher():
+        out = policy.logits(_ids(policy))
+    assert not out.requires_grad
+
+
+def test_warm_start_adapter_is_merged_into_the_teacher(policy, tmp_path):
+    _train_some(policy)
+    policy.model.save_pretrained(str(tmp_path / "warm"))
+    ids = _ids(policy)
+    trained = policy.logits(ids).detach()
+    cfg = ModelConfig(name_or_path="tiny-random", dtype="float32", lora=TINY.lora, warm_start_adapter=str(tmp_path / "warm"))
+    warm = load_policy(cfg)
+    with warm.teacher():
+        teacher = warm.logits(ids)
+    torch.testing.assert_close(teacher, trained, rtol=1e-4, atol=1e-4)
+
+
+def test_resolve_dtype_explicit():
+    assert resolve_dtype("float32") is torch.float32
+    assert resolve_dtype("auto") in (torch.float32, torch.bfloat16)
