@@ -46,6 +46,12 @@ class StreamReport(L.Callback):
                 f"(rollout {t.get('rollout_s', 0):.1f}s, update {stats.get('perf/update_s', 0):.1f}s)"
             )
 
+    def state_dict(self) -> dict:
+        return {"records": list(self.records)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.records = list(state["records"])
+
     def on_train_end(self, trainer, pl_module) -> None:
         s = summarize(self.records)
         rank_zero_info("stream summary: " + ", ".join(

@@ -15,6 +15,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from lit_ascent.envs.base import TextEnv
+from lit_ascent.envs.guarded import GuardedEnv
 from lit_ascent.trajectory import Task
 
 
@@ -46,7 +47,7 @@ class TaskStreamDataModule(L.LightningDataModule):
     """One pass over an environment's tasks, one attempt each."""
 
     def __init__(self, env: TextEnv, num_tasks: int | None = None, seed: int = 0, shuffle: bool = True,
-                 balance_by: str | None = None):
+                 balance_by: str | None = None, step_timeout_s: float = 300.0):
         """
         Args:
             env: The environment (tasks, prompt, verifier).
@@ -54,13 +55,18 @@ class TaskStreamDataModule(L.LightningDataModule):
             seed: Seed of the order and of each task's reset seed.
             shuffle: Shuffle the task order (False keeps the environment's order).
             balance_by: Interleave tasks by this meta key (e.g. 'family') so prefixes are balanced.
+            step_timeout_s: Seconds an environment reset/step may take; a fault or a hang fails
+                that episode and the environment is rebuilt (0: no time limit, faults still caught).
         """
         super().__init__()
         if num_tasks is not None and num_tasks < 1:
             raise ValueError(f"data.num_tasks must be >= 1 or null, got {num_tasks}")
-        self.env, self.num_tasks, self.seed = env, num_tasks, seed
+        self.env = GuardedEnv(env, step_timeout_s)
+        self.num_tasks, self.seed = num_tasks, seed
         self.shuffle, self.balance_by = shuffle, balance_by
         self.stream: list[Task] = []
+        self.start = 0
+        """Stream cursor: the first task to run (set by ``StreamCheckpoint`` on resume)."""
 
     def setup(self, stage: str | None = None) -> None:
         if self.stream:
@@ -71,7 +77,7 @@ class TaskStreamDataModule(L.LightningDataModule):
         self.stream = [dataclasses.replace(t, index=i, seed=rng.randrange(2**31)) for i, t in enumerate(ordered)]
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.stream, batch_size=1, shuffle=False, collate_fn=list, num_workers=0)
+        return DataLoader(self.stream[self.start:], batch_size=1, shuffle=False, collate_fn=list, num_workers=0)
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch  # task descriptors stay on the host; the rollout builds its own tensors

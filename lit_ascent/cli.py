@@ -10,7 +10,8 @@ import warnings
 
 from lightning.pytorch.cli import LightningCLI
 
-from callbacks import AdapterCheckpoint, CollapseDiagnostics, ExperienceLog, StreamReport
+from callbacks import AdapterCheckpoint, CollapseDiagnostics, ExperienceLog, StreamReport, StreamStats
+from callbacks.stream_checkpoint import StreamCheckpoint, prepare_resume
 from datamodules import TaskStreamDataModule
 from lit_ascent.module import OaTTTModule
 
@@ -18,7 +19,7 @@ TRAINER_DEFAULTS = {
     "max_epochs": 1,
     "num_sanity_val_steps": 0,
     "limit_val_batches": 0,
-    "enable_checkpointing": False,
+    "enable_checkpointing": True,  # our StreamCheckpoint is the checkpoint callback (no ModelCheckpoint)
     "enable_model_summary": False,
     "log_every_n_steps": 1,
     "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -33,12 +34,19 @@ for _pattern in (".*modules? in eval mode.*", ".*LeafSpec.*", ".*is_gradient_che
 
 class AscentCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(StreamStats, "stream_stats")  # first: its values reach the JSONL
         parser.add_lightning_class_args(ExperienceLog, "experience_log")
         parser.add_lightning_class_args(AdapterCheckpoint, "adapter_checkpoint")
         parser.add_lightning_class_args(CollapseDiagnostics, "diagnostics")
         parser.add_lightning_class_args(StreamReport, "report")
+        parser.add_lightning_class_args(StreamCheckpoint, "stream_checkpoint")
+
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand == "fit":  # --ckpt_path last|<run dir>: continue the stream in place
+            prepare_resume(self.config.fit)
 
 
-def main(args=None) -> AscentCLI:
+def main(args=None, run: bool = True) -> AscentCLI:
+    """Parse ``args`` (default: sys.argv) and, with ``run``, execute the subcommand."""
     return AscentCLI(OaTTTModule, TaskStreamDataModule, trainer_defaults=TRAINER_DEFAULTS,
-                     save_config_kwargs={"overwrite": True}, args=args)
+                     save_config_kwargs={"overwrite": True}, args=args, run=run)

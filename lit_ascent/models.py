@@ -45,11 +45,11 @@ class LoraSettings:
 
     def __post_init__(self) -> None:
         if self.rank <= 0:
-            raise ValueError(f"model.lora.rank must be > 0, got {self.rank}")
+            raise ValueError(f"model.llm.lora.rank must be > 0, got {self.rank}")
         if self.alpha <= 0:
-            raise ValueError(f"model.lora.alpha must be > 0, got {self.alpha}")
+            raise ValueError(f"model.llm.lora.alpha must be > 0, got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+            raise ValueError(f"model.llm.lora.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass
@@ -73,9 +73,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
-            raise ValueError(f"model.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            raise ValueError(f"model.llm.dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.warm_start_adapter and not Path(self.warm_start_adapter).expanduser().is_dir():
-            raise ValueError(f"model.warm_start_adapter: no adapter directory at {self.warm_start_adapter!r}")
+            raise ValueError(f"model.llm.warm_start_adapter: no adapter directory at {self.warm_start_adapter!r}")
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:

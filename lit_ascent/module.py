@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 from jsonargparse import lazy_instance
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, Metric
 
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation, Objective
@@ -90,6 +90,7 @@ class OaTTTModule(L.LightningModule):
         """One greedy episode with the weights as they are now."""
         self.policy.model.eval()
         episode = rollout(self.policy.model, self.policy.tokenizer, self.env, task, self.rollout_cfg)
+        episode.error = episode.error or getattr(self.env, "episode_error", None)  # e.g. a hung verifier
         self.counters["env_errors"] += episode.error is not None
         return episode
 
@@ -107,7 +108,7 @@ class OaTTTModule(L.LightningModule):
             if out is None:
                 break
             opt.zero_grad(set_to_none=True)
-            if not self.backward_finite(out.loss):
+            if not self.backward_finite(out.loss, episode.task.task_id):
                 continue
             opt.step()
             stats["updates"] += 1
@@ -117,7 +118,7 @@ class OaTTTModule(L.LightningModule):
         stats["perf/update_s"] = time.perf_counter() - t0
         return stats
 
-    def backward_finite(self, loss: torch.Tensor) -> bool:
+    def backward_finite(self, loss: torch.Tensor, task_id: str) -> bool:
         """Backward + clipping; False (and counted) when the loss or gradient is not finite."""
         if torch.isfinite(loss):
             self.manual_backward(loss)
@@ -127,12 +128,35 @@ class OaTTTModule(L.LightningModule):
             if torch.isfinite(norm):
                 return True
         self.counters["skipped_nonfinite"] += 1
-        log.warning("non-finite loss or gradient on task %s: update skipped", self.last_task_id)
+        log.warning("non-finite loss or gradient on task %s: update skipped", task_id)
         return False
 
-    @property
-    def last_task_id(self) -> str:
-        return self.last[0].task.task_id if self.last else "?"
+    def stream_state(self) -> dict:
+        """What a resumed stream needs from the module: plain tensors, numbers and dicts."""
+        opts = self.trainer.optimizers
+        metrics = {n: m for n, m in self.named_children() if isinstance(m, Metric)}
+        return {"adapter": self.policy.adapter_state(), "counters": dict(self.counters),
+                "optimizer": opts[0].state_dict() if opts else {},
+                "objective": self.objective.state_dict(),
+                "metrics": {n: {**m.metric_state, "_update_count": m._update_count} for n, m in metrics.items()}}
+
+    def load_stream_state(self, state: dict) -> None:
+        """Restore ``stream_state()``: the adapter, AdamW moments, objective statistics, metrics, counters."""
+        params = dict(self.policy.model.named_parameters())
+        if set(state["adapter"]) - set(params):
+            raise ValueError("checkpoint adapter does not match this model (check model.llm.lora)")
+        with torch.no_grad():
+            for name, value in state["adapter"].items():
+                params[name].copy_(value)
+        if state["optimizer"]:
+            self.trainer.optimizers[0].load_state_dict(state["optimizer"])
+        self.objective.load_state_dict(state["objective"])
+        self.counters.update(state["counters"])
+        for name, values in state["metrics"].items():
+            metric = getattr(self, name)
+            metric._update_count, metric._computed = values.pop("_update_count"), None
+            for key, value in values.items():
+                setattr(metric, key, value.to(self.device))
 
     def log_episode(self, ep: Episode, stats: dict) -> None:
         turns = max(len(ep.turns), 1)
