@@ -3,7 +3,11 @@ from callbacks.adapter_checkpoint import AdapterCheckpoint
 from callbacks.diagnostics import CollapseDiagnostics
 from callbacks.experience_log import ExperienceLog
 from callbacks.gate import EpisodeCallback, InvalidTurnFilter, VerificationGate
+from callbacks.probe import PIProbe
 from callbacks.report import StreamReport, summarize
+from callbacks.stream_stats import StreamStats
+from callbacks.transfer import TransferEval
 
 __all__ = ["AdapterCheckpoint", "CollapseDiagnostics", "EpisodeCallback", "ExperienceLog",
-           "InvalidTurnFilter", "StreamReport", "VerificationGate", "summarize"]
+           "InvalidTurnFilter", "PIProbe", "StreamReport", "StreamStats", "TransferEval", "VerificationGate",
+           "summarize"]

@@ -1,0 +1,181 @@
+"""Run the comparison matrix (method x seed) as train.py subprocesses.
+
+    python -m lit_ascent.compare --env-config configs/textcraft/ascent.yaml \
+        --methods base ascent rft rft_kl reinforce reinforce_pp tt_opsd \
+        --seeds 0 1 2 --num-tasks 20 --out runs/compare
+    python -m lit_ascent.report runs/compare --out docs/results/<name>
+
+Every run is ``train.py fit --config ENV [--config EXTRA ...] --config METHOD``
+plus fixed logger folders, so run k of method m always lands in
+``OUT/m/seed<k>`` (its experience.jsonl, TensorBoard events, config.yaml,
+adapter/ and train.log). Extra configs come before the method overlay, so they
+cannot undo what defines the method (objective, gate). A seed sets
+``seed_everything`` (LoRA init) and, unless ``--fixed-stream``, ``data.seed``
+(stream order and reset seeds); all methods of a seed share the same stream.
+A finished run (``done.json`` marker, or an experience log with num_tasks
+lines) is skipped; an unfinished one is deleted and run again from the start,
+because the stream is one pass and its log is append-only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "train.py"
+MARKER = "done.json"
+LOG_NAME = "experience.jsonl"
+METHOD_DIRS = ("configs/methods", "configs/ablations")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell of the matrix."""
+
+    method: str
+    seed: int
+    config: Path
+    """The method (or ablation) overlay."""
+    run_dir: Path
+    """OUT/<method>/seed<k>: the logger's save_dir/name/version."""
+
+
+def method_config(name: str, repo: Path = REPO) -> Path:
+    """The overlay for ``name``: a YAML path, or configs/methods/<name>.yaml, or configs/ablations/<name>.yaml."""
+    if name.endswith((".yaml", ".yml")):
+        if not Path(name).is_file():
+            raise ValueError(f"--methods: no config file {name!r}")
+        return Path(name)
+    for folder in METHOD_DIRS:
+        path = repo / folder / f"{name}.yaml"
+        if path.is_file():
+            return path
+    raise ValueError(f"--methods: unknown method {name!r} (no {name}.yaml in {', '.join(METHOD_DIRS)})")
+
+
+def plan(methods: list[str], seeds: list[int], out: Path) -> list[RunSpec]:
+    """The matrix, seed-major: every method of seed 0 first, so early results are comparable."""
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"--methods has duplicates: {methods}")
+    configs = {m: method_config(m) for m in methods}
+    names = {m: Path(m).stem if m.endswith((".yaml", ".yml")) else m for m in methods}
+    return [RunSpec(names[m], seed, configs[m], out / names[m] / f"seed{seed}") for seed in seeds for m in methods]
+
+
+def train_command(spec: RunSpec, env_config: Path, extra_configs: list[Path], num_tasks: int | None,
+                  fixed_stream: bool = False, python: str = sys.executable) -> list[str]:
+    """The train.py command line of one run."""
+    cmd = [python, str(TRAIN), "fit", "--config", str(env_config)]
+    for extra in extra_configs:
+        cmd += ["--config", str(extra)]
+    cmd += ["--config", str(spec.config),
+            "--trainer.logger.init_args.save_dir", str(spec.run_dir.parent.parent),
+            "--trainer.logger.init_args.name", spec.run_dir.parent.name,
+            "--trainer.logger.init_args.version", spec.run_dir.name,
+            "--seed_everything", str(spec.seed)]
+    if not fixed_stream:
+        cmd += ["--data.seed", str(spec.seed)]
+    if num_tasks is not None:
+        cmd += ["--data.num_tasks", str(num_tasks)]
+    return cmd
+
+
+def count_records(run_dir: Path) -> int:
+    path = run_dir / LOG_NAME
+    if not path.is_file():
+        return 0
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
+
+
+def is_finished(run_dir: Path, num_tasks: int | None) -> bool:
+    """The marker exists, or the experience log already holds ``num_tasks`` records."""
+    if (run_dir / MARKER).is_file():
+        return True
+    return num_tasks is not None and count_records(run_dir) >= num_tasks
+
+
+def run_one(spec: RunSpec, cmd: list[str], num_tasks: int | None) -> bool:
+    """Run one cell from scratch; write the marker when it finished. True on success."""
+    if spec.run_dir.exists():
+        shutil.rmtree(spec.run_dir)  # an unfinished one-pass stream cannot be resumed mid-log
+    spec.run_dir.mkdir(parents=True)
+    t0 = time.time()
+    with open(spec.run_dir / "train.log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    records = count_records(spec.run_dir)
+    ok = rc == 0  # train.py returns 0 only when the stream was run to its end
+    if ok and num_tasks is not None and records < num_tasks:
+        print(f"note: {spec.run_dir} holds {records} < {num_tasks} records (the stream has fewer tasks)", flush=True)
+    if ok:
+        marker = {"method": spec.method, "seed": spec.seed, "records": records,
+                  "wall_s": round(time.time() - t0, 1), "command": cmd}
+        (spec.run_dir / MARKER).write_text(json.dumps(marker, indent=1))
+    return ok
+
+
+def run_matrix(specs: list[RunSpec], env_config: Path, extra_configs: list[Path], num_tasks: int | None,
+               fixed_stream: bool = False, dry_run: bool = False) -> dict[str, list[RunSpec]]:
+    """Run every unfinished cell in order; returns {"done", "skipped", "failed"} lists."""
+    result: dict[str, list[RunSpec]] = {"done": [], "skipped": [], "failed": []}
+    for i, spec in enumerate(specs):
+        cmd = train_command(spec, env_config, extra_configs, num_tasks, fixed_stream)
+        tag = f"[{i + 1}/{len(specs)}] {spec.method} seed {spec.seed}"
+        if is_finished(spec.run_dir, num_tasks):
+            print(f"{tag}: finished already, skipped", flush=True)
+            result["skipped"].append(spec)
+            continue
+        print(f"{tag}: {' '.join(cmd)}", flush=True)
+        if dry_run:
+            continue
+        t0 = time.time()
+        ok = run_one(spec, cmd, num_tasks)
+        status = "done" if ok else f"FAILED (see {spec.run_dir / 'train.log'})"
+        print(f"{tag}: {status} in {time.time() - t0:.0f}s", flush=True)
+        result["done" if ok else "failed"].append(spec)
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env-config", type=Path, required=True, help="complete environment config")
+    p.add_argument("--methods", nargs="+", required=True,
+                   help="names in configs/methods or configs/ablations, or overlay YAML paths")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--num-tasks", type=int, default=None, help="stream length (data.num_tasks); default: config's")
+    p.add_argument("--out", type=Path, default=Path("runs/compare"))
+    p.add_argument("--extra-config", type=Path, nargs="*", default=[], action="extend",
+                   help="overlays applied after the env config and before the method")
+    p.add_argument("--fixed-stream", action="store_true",
+                   help="keep the config's data.seed for every seed (seeds then vary only the LoRA init)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+    if args.num_tasks is not None and args.num_tasks < 1:
+        p.error(f"--num-tasks must be >= 1, got {args.num_tasks}")
+    for path in [args.env_config, *args.extra_config]:
+        if not path.is_file():
+            p.error(f"no config file {path}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        specs = plan(args.methods, args.seeds, args.out)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    result = run_matrix(specs, args.env_config, args.extra_config, args.num_tasks, args.fixed_stream, args.dry_run)
+    print(f"done {len(result['done'])}, skipped {len(result['skipped'])}, failed {len(result['failed'])}; "
+          f"report: python -m lit_ascent.report {args.out} --out docs/results/<name>")
+    return 1 if result["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Turn comparison run folders into a markdown table and plots.
+
+    python -m lit_ascent.report runs/compare --out docs/results/textcraft_smollm2
+
+Reads ``<root>/<method>/<seed>/experience.jsonl`` (one ExperienceLog record per
+task; the layout ``python -m lit_ascent.compare`` writes) and produces
+``results.md`` (mean +- std over seeds), ``results.json`` (every per-run
+number) and ``running_success.png``, ``first_token_entropy.png``,
+``drift_kl.png``. The table computations are pure functions over the records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from callbacks.report import summarize
+
+Records = list[dict]
+Runs = dict[str, dict[str, Records]]  # method -> seed folder -> records in stream order
+
+COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
+    "success": ("success (%)", 100.0),
+    "second_half_success": ("2nd-half success (%)", 100.0),
+    "mean_turns": ("mean turns", 1.0),
+    "invalid_rate": ("invalid rate (%)", 100.0),
+    "fewer_turns_share": ("fewer turns than base (%)", 100.0),
+}
+DIAGNOSTICS = {  # plot name -> (JSONL key, title, y label)
+    "first_token_entropy": ("diagnostics/first_token_entropy", "Entropy of the first response token",
+                            "entropy (nats)"),
+    "drift_kl": ("diagnostics/drift_kl", "Drift KL(student || initial) at the first response token", "KL (nats)"),
+}
+
+
+def read_jsonl(path: Path) -> Records:
+    """Records of one run, sorted by stream position (blank lines ignored)."""
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return sorted(records, key=lambda r: r["task_index"])
+
+
+def load_runs(root: Path, filename: str = "experience.jsonl") -> Runs:
+    """All runs under ``root``: ``root/<method>/<seed>/<filename>``."""
+    runs: Runs = {}
+    for path in sorted(Path(root).glob(f"*/*/{filename}")):
+        runs.setdefault(path.parent.parent.name, {})[path.parent.name] = read_jsonl(path)
+    return runs
+
+
+def fewer_turns_share(records: Records, base_records: Records) -> float | None:
+    """On tasks solved by both runs, the share where ``records`` used fewer turns than the base.
+
+    Tasks are matched by ``task_id``; None when no task was solved by both.
+    """
+    base_turns = {r["task_id"]: r["turns"] for r in base_records if r["verified"]}
+    both = [(r["turns"], base_turns[r["task_id"]]) for r in records
+            if r["verified"] and r["task_id"] in base_turns]
+    if not both:
+        return None
+    return sum(mine < theirs for mine, theirs in both) / len(both)
+
+
+def run_metrics(records: Records, base_records: Records | None = None) -> dict[str, float | None]:
+    """One run's row: success over the stream and its second half, mean turns, invalid rate
+    (invalid actions / turns), and the fewer-turns share against the base run of the same seed."""
+    s = summarize(records)
+    return {
+        "tasks": s["tasks"],
+        "success": s["success_rate"],
+        "second_half_success": s["second_half_success_rate"],
+        "mean_turns": s["mean_turns"],
+        "invalid_rate": s["invalid_rate"],
+        "fewer_turns_share": None if base_records is None else fewer_turns_share(records, base_records),
+    }
+
+
+def mean_std(values: list[float | None]) -> tuple[float, float, int] | None:
+    """(mean, sample std (n-1; 0 for one value), n) over the values that are not None."""
+    kept = [v for v in values if v is not None]
+    if not kept:
+        return None
+    return statistics.fmean(kept), statistics.stdev(kept) if len(kept) > 1 else 0.0, len(kept)
+
+
+def method_order(methods, base: str) -> list[str]:
+    return sorted(methods, key=lambda m: (m != base, m))
+
+
+def comparison_table(runs: Runs, base: str = "base") -> dict[str, dict]:
+    """method -> {"per_seed": {seed: run_metrics}, "summary": {key: (mean, std, n) | None}}.
+
+    The base run of the same seed folder is the reference for fewer_turns_share
+    (the base row itself gets None there).
+    """
+    table = {}
+    for method in method_order(runs, base):
+        per_seed = {}
+        for seed, records in sorted(runs[method].items()):
+            ref = runs.get(base, {}).get(seed) if method != base else None
+            per_seed[seed] = run_metrics(records, ref)
+        summary = {k: mean_std([m[k] for m in per_seed.values()]) for k in COLUMNS}
+        table[method] = {"per_seed": per_seed, "summary": summary}
+    return table
+
+
+def format_cell(stat: tuple[float, float, int] | None, scale: float) -> str:
+    if stat is None:
+        return "-"
+    mean, std, _ = stat
+    return f"{mean * scale:.1f} ± {std * scale:.1f}"
+
+
+def markdown_table(table: dict[str, dict]) -> str:
+    """The comparison as a markdown table, one row per method, mean ± std over seeds."""
+    head = ["method", "seeds", "tasks", *(h for h, _ in COLUMNS.values())]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method, entry in table.items():
+        tasks = sorted({m["tasks"] for m in entry["per_seed"].values()})
+        cells = [method, str(len(entry["per_seed"])), "/".join(map(str, tasks))]
+        cells += [format_cell(entry["summary"][k], scale) for k, (_, scale) in COLUMNS.items()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def running_success(records: Records) -> list[float]:
+    """Success rate over the stream so far, after each task."""
+    out, solved = [], 0
+    for i, r in enumerate(records):
+        solved += bool(r["verified"])
+        out.append(solved / (i + 1))
+    return out
+
+
+def per_task_mean(series: list[dict[int, float]]) -> tuple[list[int], list[float]]:
+    """Mean over runs of {task_index: value}, at every index any run has."""
+    indices = sorted(set().union(*series)) if series else []
+    means = [statistics.fmean(s[i] for s in series if i in s) for i in indices]
+    return indices, means
+
+
+def method_curves(runs: Runs, key: str | None) -> dict[str, tuple[list[int], list[float]]]:
+    """Per method, the seed-averaged curve of running success (key None) or of a diagnostic key."""
+    curves = {}
+    for method, seeds in runs.items():
+        series = []
+        for records in seeds.values():
+            if key is None:
+                series.append({r["task_index"]: v for r, v in zip(records, running_success(records))})
+            else:
+                series.append({r["task_index"]: r[key] for r in records
+                               if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])})
+        series = [s for s in series if s]
+        if series:
+            curves[method] = per_task_mean(series)
+    return curves
+
+
+def plot_curves(curves: dict, title: str, ylabel: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method, (x, y) in curves.items():
+        ax.plot(x, y, label=method, marker="." if len(x) < 30 else None)
+    ax.set(title=title, xlabel="task index in the stream", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(root: Path, out: Path, base: str = "base") -> dict[str, Path]:
+    """Read the runs under ``root`` and write the table, the numbers and the plots into ``out``."""
+    runs = load_runs(root)
+    if not runs:
+        raise FileNotFoundError(f"no <method>/<seed>/experience.jsonl under {root}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {m: runs[m] for m in method_order(runs, base)}
+    table = comparison_table(runs, base)
+    files = {"table": out / "results.md", "numbers": out / "results.json"}
+    intro = (f"Runs under `{root}`: mean ± sample std over seeds. Invalid rate = invalid actions / turns. "
+             f"'Fewer turns than base': on tasks solved by the method and by `{base}` on the same seed, "
+             "the share where the method needed fewer turns.\n\n")
+    files["table"].write_text(intro + markdown_table(table))
+    files["numbers"].write_text(json.dumps(table, indent=1))
+    files["running_success"] = plot_curves(method_curves(runs, None), "Running success over the stream",
+                                           "success so far", out / "running_success.png")
+    for name, (key, title, ylabel) in DIAGNOSTICS.items():
+        files[name] = plot_curves(method_curves(runs, key), title, ylabel, out / f"{name}.png")
+    return files
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("root", type=Path, help="folder holding <method>/<seed>/experience.jsonl")
+    p.add_argument("--out", type=Path, required=True, help="output folder (e.g. docs/results/<name>)")
+    p.add_argument("--base", default="base", help="method folder used as the base-model reference")
+    args = p.parse_args(argv)
+    files = write_report(args.root, args.out, args.base)
+    print(files["table"].read_text())
+    for name, path in files.items():
+        print(f"{name}: {path}")
+    return files
+
+
+if __name__ == "__main__":
+    main()

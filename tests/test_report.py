@@ -1,0 +1,195 @@
+"""Comparison report (table + plots), the comparison runner's bookkeeping, and StreamStats."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from callbacks.stream_stats import StreamStats, failed_update_share, window_invalid_rate
+from lit_ascent import compare, report
+
+# method -> seed -> per task (task_id, verified, turns, invalid), in stream order
+STREAMS = {
+    "base": {
+        "seed0": [("a", 1, 5, 1), ("b", 0, 10, 3), ("c", 1, 4, 0), ("d", 0, 10, 2)],
+        "seed1": [("b", 0, 10, 2), ("a", 1, 6, 0), ("d", 1, 3, 0), ("c", 0, 10, 4)],
+    },
+    "ascent": {
+        "seed0": [("a", 1, 3, 0), ("b", 1, 7, 1), ("c", 1, 4, 0), ("d", 0, 10, 1)],
+        "seed1": [("b", 1, 6, 0), ("a", 1, 7, 0), ("d", 1, 2, 1), ("c", 1, 5, 0)],
+    },
+}
+
+
+def records_of(stream, drift=0.1) -> list[dict]:
+    """ExperienceLog-format records (the fields the report reads, plus a few it ignores)."""
+    return [{"task_index": i, "env": "scripted", "task_id": tid, "verified": bool(v), "turns": turns,
+             "invalid": inv, "actions": [], "valid": [], "tokens": 10, "error": None,
+             "diagnostics/first_token_entropy": 3.0 - 0.1 * i, "diagnostics/drift_kl": drift * i,
+             "updates": int(v), "loss": {}, "timings": {}}
+            for i, (tid, v, turns, inv) in enumerate(stream)]
+
+
+@pytest.fixture
+def runs_root(tmp_path) -> Path:
+    root = tmp_path / "compare"
+    for method, seeds in STREAMS.items():
+        for seed, stream in seeds.items():
+            folder = root / method / seed
+            folder.mkdir(parents=True)
+            lines = [json.dumps(r) for r in records_of(stream, 0.0 if method == "base" else 0.1)]
+            (folder / "experience.jsonl").write_text("\n".join(reversed(lines)) + "\n")  # order restored by index
+    return root
+
+
+def by_hand(method: str, seed: str) -> dict[str, float]:
+    """The table's numbers for one run, computed directly from STREAMS."""
+    s, base = STREAMS[method][seed], STREAMS["base"][seed]
+    half = s[len(s) // 2:]
+    base_solved = {t: turns for t, v, turns, _ in base if v}
+    both = [(turns, base_solved[t]) for t, v, turns, _ in s if v and t in base_solved]
+    return {"success": sum(x[1] for x in s) / len(s), "second_half_success": sum(x[1] for x in half) / len(half),
+            "mean_turns": sum(x[2] for x in s) / len(s), "invalid_rate": sum(x[3] for x in s) / sum(x[2] for x in s),
+            "fewer_turns_share": sum(m < b for m, b in both) / len(both)}
+
+
+def test_table_matches_hand_computation(runs_root):
+    table = report.comparison_table(report.load_runs(runs_root))
+    assert list(table) == ["base", "ascent"]
+    for key in report.COLUMNS:
+        per_seed = [by_hand("ascent", seed)[key] for seed in ("seed0", "seed1")]
+        mean, std, n = table["ascent"]["summary"][key]
+        assert n == 2
+        assert mean == pytest.approx(statistics.fmean(per_seed))
+        assert std == pytest.approx(abs(per_seed[0] - per_seed[1]) / math.sqrt(2))  # sample std of two
+    assert table["base"]["summary"]["fewer_turns_share"] is None
+    # spot values: ascent success 3/4 and 4/4; invalid 2/24 and 1/20; fewer turns 1/2 on both seeds
+    assert table["ascent"]["per_seed"]["seed1"]["success"] == pytest.approx(1.0)
+    assert table["ascent"]["per_seed"]["seed0"]["invalid_rate"] == pytest.approx(2 / 24)
+    assert table["ascent"]["summary"]["fewer_turns_share"][:2] == pytest.approx((0.5, 0.0))
+
+
+def test_markdown_row(runs_root):
+    md = report.markdown_table(report.comparison_table(report.load_runs(runs_root)))
+    assert "| ascent | 2 | 4 | 87.5 ± 17.7 | 75.0 ± 35.4 | 5.5 ± 0.7 | 6.7 ± 2.4 | 50.0 ± 0.0 |" in md
+    base_row = next(line for line in md.splitlines() if line.startswith("| base |"))
+    assert base_row.startswith("| base | 2 | 4 | 50.0 ± 0.0 | 50.0 ± 0.0 |")
+    assert base_row.endswith("| - |")  # no fewer-turns share against itself
+
+
+def test_fewer_turns_share_edge_cases():
+    mine = records_of([("a", 1, 3, 0), ("b", 0, 9, 0)])
+    assert report.fewer_turns_share(mine, records_of([("a", 0, 5, 0), ("b", 1, 4, 0)])) is None
+    assert report.fewer_turns_share(mine, records_of([("a", 1, 3, 0)])) == 0.0  # equal turns are not fewer
+
+
+def test_running_success_and_curves(runs_root):
+    assert report.running_success(records_of(STREAMS["base"]["seed0"])) == pytest.approx([1, 1 / 2, 2 / 3, 2 / 4])
+    curves = report.method_curves(report.load_runs(runs_root), None)
+    x, y = curves["ascent"]
+    assert x == [0, 1, 2, 3]
+    assert y == pytest.approx([1.0, 1.0, 1.0, (3 / 4 + 1) / 2])
+    drift = report.method_curves(report.load_runs(runs_root), "diagnostics/drift_kl")["ascent"][1]
+    assert drift == pytest.approx([0.0, 0.1, 0.2, 0.3])
+
+
+def test_write_report_files(runs_root, tmp_path):
+    files = report.main([str(runs_root), "--out", str(tmp_path / "out")])
+    for name in ("running_success", "first_token_entropy", "drift_kl"):
+        assert files[name].suffix == ".png" and files[name].stat().st_size > 1000
+        assert files[name].read_bytes()[:4] == b"\x89PNG"
+    numbers = json.loads(files["numbers"].read_text())
+    assert numbers["ascent"]["per_seed"]["seed0"]["success"] == pytest.approx(0.75)
+    assert "| ascent |" in files["table"].read_text()
+
+
+def test_report_without_runs_fails(tmp_path):
+    with pytest.raises(FileNotFoundError, match="experience.jsonl"):
+        report.write_report(tmp_path, tmp_path / "out")
+
+
+# ---- the comparison runner ---------------------------------------------------------------
+
+
+def test_plan_and_command(tmp_path):
+    specs = compare.plan(["base", "rft", "jsd"], [0, 1], tmp_path)
+    assert [(s.method, s.seed) for s in specs[:3]] == [("base", 0), ("rft", 0), ("jsd", 0)]
+    assert specs[2].config.name == "jsd.yaml" and specs[2].config.parent.name == "ablations"
+    assert specs[4].run_dir == tmp_path / "rft" / "seed1"
+    cmd = compare.train_command(specs[4], Path("configs/debug.yaml"), [Path("x.yaml")], num_tasks=5)
+    i = cmd.index("--trainer.logger.init_args.version")
+    assert cmd[i + 1] == "seed1" and cmd[cmd.index("--data.seed") + 1] == "1"
+    assert cmd.index("x.yaml") < cmd.index(str(specs[4].config))  # extras before the method
+    assert "--data.seed" not in compare.train_command(specs[4], Path("e.yaml"), [], None, fixed_stream=True)
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        compare.plan(["nope"], [0], tmp_path)
+
+
+def test_command_puts_the_run_in_its_folder(tmp_path):
+    from lit_ascent.cli import main
+
+    spec = compare.plan(["rft"], [3], tmp_path)[0]
+    cmd = compare.train_command(spec, compare.REPO / "configs/debug.yaml", [], num_tasks=2)
+    cli = main(cmd[3:], run=False)
+    assert Path(cli.trainer.log_dir) == spec.run_dir
+    assert cli.config.seed_everything == 3 and cli.datamodule.seed == 3 and cli.datamodule.num_tasks == 2
+
+
+def fake_train(n: int, rc: int) -> list[str]:
+    """A stand-in for train.py: writes n records into the run folder given by the logger flags, exits rc."""
+    code = ("import sys, pathlib; a = sys.argv; d = pathlib.Path(a[1]) / a[2] / a[3]; "
+            f"(d / 'experience.jsonl').write_text('{{}}\\n' * {n}); sys.exit({rc})")
+    return [sys.executable, "-c", code]
+
+
+def test_runner_marks_finished_and_skips(tmp_path, monkeypatch):
+    def command(spec, *args, **kw):  # "rft" crashes after one task
+        run = spec.run_dir
+        return fake_train(*((2, 0) if spec.method != "rft" else (1, 1))) + [str(run.parent.parent), run.parent.name,
+                                                                             run.name]
+
+    monkeypatch.setattr(compare, "train_command", command)
+    specs = compare.plan(["base", "rft"], [0], tmp_path)
+    stale = specs[0].run_dir / "stale.txt"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("from an interrupted run")
+    result = compare.run_matrix(specs, Path("env.yaml"), [], num_tasks=2)
+    assert [s.method for s in result["done"]] == ["base"] and [s.method for s in result["failed"]] == ["rft"]
+    assert not stale.exists()  # an unfinished run restarts from scratch
+    marker = json.loads((specs[0].run_dir / compare.MARKER).read_text())
+    assert marker["records"] == 2 and marker["seed"] == 0
+    assert not (specs[1].run_dir / compare.MARKER).exists()  # crashed: not finished
+    again = compare.run_matrix(specs, Path("env.yaml"), [], num_tasks=2)
+    assert [s.method for s in again["skipped"]] == ["base"]
+    assert compare.is_finished(specs[1].run_dir, 1) and not compare.is_finished(specs[1].run_dir, None)
+
+
+# ---- StreamStats --------------------------------------------------------------------------
+
+
+def test_stream_stat_functions():
+    assert window_invalid_rate([(1, 4), (0, 0), (3, 6)]) == pytest.approx(0.4)
+    assert window_invalid_rate([]) == 0.0
+    assert failed_update_share(1, 4) == 0.25 and failed_update_share(0, 0) == 0.0
+
+
+def test_stream_stats_callback():
+    cb, logged = StreamStats(window=2), []
+    module = SimpleNamespace(log_dict=lambda d, **kw: logged.append(dict(d)))
+    for verified, invalid, turns, updates in [(True, 1, 2, 1), (False, 2, 2, 1), (False, 0, 4, 2), (True, 0, 2, 0)]:
+        ep = SimpleNamespace(verified=verified, num_invalid=invalid, turns=[None] * turns, diagnostics={})
+        module.last = (ep, {"updates": updates})
+        cb.on_train_batch_end(None, module, None, None, 0)
+    assert [d["stream/invalid_rate_window"] for d in logged] == pytest.approx([0.5, 0.75, 2 / 6, 0.0])
+    assert [d["train/updates_from_failed_share"] for d in logged] == pytest.approx([0.0, 0.5, 0.75, 0.75])
+    assert ep.diagnostics == logged[-1]
+    restored = StreamStats(window=2)
+    restored.load_state_dict(cb.state_dict())
+    assert restored.state_dict() == cb.state_dict()
+    with pytest.raises(ValueError, match="stream_stats.window"):
+        StreamStats(window=0)
