@@ -46,3 +46,27 @@ def teacher_sequence(tokenizer, episode: Episode, pi_text: str) -> tuple[list[in
     prompt = chat_prompt_ids(tokenizer, privileged_system(episode.system, pi_text), episode.first_observation)
     ids = prompt + episode.token_ids[episode.prompt_len:]
     return ids, len(prompt) - episode.prompt_len
+
+
+# --- Helpers for ReSAIL probes and OEL-style lessons (added; the functions above are unchanged).
+
+LESSON_PROMPT = ("Write a short lesson (at most three sentences) that would help an agent solve this task "
+                 "next time. Name the key steps and the mistakes to avoid.")
+LESSON_HEADER = "Lesson from a verified successful attempt at this exact task. Use it to act well."
+
+
+def render_actions(actions: list[str]) -> str:
+    """The PI block of a demonstration given only as actions (e.g. a JSONL of expert actions)."""
+    turns = [Turn(k, f"Action: {a}", a, "", True, (0, 0)) for k, a in enumerate(actions)]
+    return render_privileged(turns, "actions")
+
+
+def lesson_request(episode: Episode, content: str = "reasoning_actions") -> str:
+    """The user message asking the model for a lesson about ``episode`` (OEL-style PI)."""
+    trajectory = render_privileged(episode.turns, content, valid_only=True)
+    return f"Task:\n{episode.first_observation}\n\n{trajectory}\n\n{LESSON_PROMPT}"
+
+
+def lesson_block(lesson: str) -> str:
+    """The PI text built from a generated lesson."""
+    return f"{LESSON_HEADER}\n{lesson.strip()}"

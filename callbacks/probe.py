@@ -1,0 +1,111 @@
+"""PI-conditioned success probe (ReSAIL): the model acting WITH the privileged
+information in its context vs WITHOUT, on a fixed probe set of tasks.
+
+Deployed success alone can hide a collapse of the teacher's competence; this
+probe tracks it separately (METHOD.md section 3).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from callbacks.gate import EpisodeCallback
+from callbacks.transfer import record_metrics
+from lit_ascent.envs.base import TextEnv
+from lit_ascent.evaluate import evaluate, outcome_rates
+from lit_ascent.privileged import PI_CONTENTS, render_actions, render_privileged
+from lit_ascent.trajectory import Task
+
+
+def load_demonstrations(path: str | Path, env_name: str, limit: int) -> list[tuple[Task, str]]:
+    """(task, PI text) of the first ``limit`` successful demonstrations in a JSONL file.
+
+    A line is {"task_id" or "game": ..., "actions": [...], "seed": 0, "won": true} (the
+    format of ``lit_ascent.demos``; "seed" and "won" optional, lines with won=false skipped).
+    """
+    probe = []
+    with open(path) as f:
+        for line in f:
+            if not line.strip() or len(probe) >= limit:
+                continue
+            rec = json.loads(line)
+            if not rec.get("won", True):
+                continue
+            task_id = str(rec["task_id"] if "task_id" in rec else rec["game"])
+            task = Task(rec.get("env", env_name), task_id, seed=int(rec.get("seed", 0)))
+            probe.append((task, render_actions(list(rec["actions"]))))
+    return probe
+
+
+class PIProbe(EpisodeCallback):
+    """Every k tasks (and at the end), run the current model on the probe tasks with and
+    without their PI; logs ``probe/pi_success``, ``probe/plain_success``, ``probe/size``.
+
+    The probe set is read from ``demonstrations`` (JSONL) or else filled with the
+    (task, rendered PI) of the stream's first ``num_tasks`` verified episodes. The
+    model is only evaluated (no_grad, no update), in its own env instance.
+    """
+
+    def __init__(self, every_n_tasks: int = 10, num_tasks: int = 8, demonstrations: str | None = None,
+                 pi_content: str = "reasoning_actions", env: TextEnv | None = None,
+                 filename: str | None = "probe.jsonl"):
+        """
+        Args:
+            every_n_tasks: Probe every k stream tasks (0: only at the end).
+            num_tasks: Size of the probe set (>= 1).
+            demonstrations: JSONL of {task_id | game, actions[, seed, won]}; None: the stream's verified episodes.
+            pi_content: PI rendered from stream episodes: actions | reasoning_actions | full.
+            env: Env instance for the probe (None: a deep copy of the stream's env, made before use).
+            filename: JSONL file in the run folder (None: loggers only).
+        """
+        if every_n_tasks < 0:
+            raise ValueError(f"probe.every_n_tasks must be >= 0, got {every_n_tasks}")
+        if num_tasks < 1:
+            raise ValueError(f"probe.num_tasks must be >= 1, got {num_tasks}")
+        if pi_content not in PI_CONTENTS:
+            raise ValueError(f"probe.pi_content must be one of {PI_CONTENTS}, got {pi_content!r}")
+        if demonstrations and not Path(demonstrations).is_file():
+            raise ValueError(f"probe.demonstrations: no file at {demonstrations!r}")
+        self.every_n_tasks, self.num_tasks, self.demonstrations = every_n_tasks, num_tasks, demonstrations
+        self.pi_content, self.env, self.filename = pi_content, env, filename
+        self.probe: list[tuple[Task, str]] = []
+        self.history: list[dict] = []
+        self._tasks_seen, self._last_step = 0, -1
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.env is None:  # copied before the stream touches it: a clean, separate instance
+            self.env = copy.deepcopy(trainer.datamodule.env)
+        if self.demonstrations and not self.probe:
+            self.probe = load_demonstrations(self.demonstrations, self.env.name, self.num_tasks)
+
+    def on_episode(self, trainer, pl_module, episode) -> None:
+        if self.demonstrations or not episode.verified or len(self.probe) >= self.num_tasks:
+            return
+        self.probe.append((episode.task, render_privileged(episode.turns, self.pi_content, valid_only=True)))
+
+    def run(self, trainer, pl_module) -> dict[str, float] | None:
+        if not self.probe or self._last_step == self._tasks_seen:
+            return None
+        tasks, texts = [t for t, _ in self.probe], [z for _, z in self.probe]
+        policy, cfg = pl_module.policy, pl_module.rollout_cfg
+        with_pi = outcome_rates(evaluate(policy, self.env, tasks, cfg, texts))
+        plain = outcome_rates(evaluate(policy, self.env, tasks, cfg))
+        metrics = {"probe/pi_success": with_pi["success_rate"], "probe/plain_success": plain["success_rate"],
+                   "probe/size": float(len(tasks))}
+        record_metrics(trainer, metrics, self._tasks_seen, self.filename)
+        self.history.append(metrics)
+        self._last_step = self._tasks_seen
+        return metrics
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._tasks_seen = batch[0].index + 1
+        if self.every_n_tasks and self._tasks_seen % self.every_n_tasks == 0:
+            self.run(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.run(trainer, pl_module)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self.env is not None:
+            self.env.close()

@@ -1,0 +1,176 @@
+"""ReSAIL objective: SGS sensitivity and selection, TLB weights, PR retention (tiny model, fp32)."""
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from lit_ascent.envs.base import parse_action
+from lit_ascent.objectives import Distillation, ReSAIL
+from lit_ascent.objectives.losses import pi_sensitivity
+from lit_ascent.rollout import chat_prompt_ids
+from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
+
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The CPU is shared: one intra-op thread is far faster than two under contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+PI = "Hindsight: a verified successful attempt.\nStep 1:\nThought: open the box first.\nAction: open box"
+
+
+def make_episode(tok, k: int, num_turns: int) -> Episode:
+    """A verified episode with ``num_turns`` hand-written turns (no generation: fast, controlled)."""
+    ep = Episode(task=Task("scripted", f"task-{k}"), system="Solve the task.", first_observation=f"Goal {k}.",
+                 verified=True)
+
+    def append(ids, role, turn):
+        ep.token_ids.extend(ids), ep.roles.extend([role] * len(ids)), ep.turn_ids.extend([turn] * len(ids))
+
+    append(chat_prompt_ids(tok, ep.system, ep.first_observation), ROLE_PROMPT, -1)
+    ep.prompt_len = len(ep.token_ids)
+    for t in range(num_turns):
+        text = f"Thought: step {t} of {k}.\nAction: do {k}-{t}\n"
+        start = len(ep.token_ids)
+        append(tok(text, add_special_tokens=False).input_ids + [tok.eos_token_id], ROLE_ASSISTANT, t)
+        ep.turns.append(Turn(t, text, parse_action(text), "ok", True, (start, len(ep.token_ids))))
+        append(tok("\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n",
+                   add_special_tokens=False).input_ids, ROLE_OBSERVATION, t)
+    return ep
+
+
+def grads(policy, loss) -> torch.Tensor:
+    policy.model.zero_grad(set_to_none=True)
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])
+
+
+def close(actual, expected, rtol=1e-4):
+    actual, expected = actual.detach(), expected.detach()
+    assert_close(actual, expected, rtol=rtol, atol=rtol * float(expected.abs().max()))
+
+
+def test_sensitivity_zero_without_pi_and_pi_steps_ranked_first(policy):
+    tok = policy.tokenizer
+    eps = [make_episode(tok, 0, 2), make_episode(tok, 1, 2)]
+    prep = ReSAIL(selection_ratio=0.5).prepare_batch(policy, eps, ["", PI])  # "" = no PI at all
+    assert_close(prep[0].scores, torch.zeros(2))
+    assert (prep[1].scores > 0).all()
+    # K = ceil(0.5 * 4) = 2: exactly the two steps whose PI changes the teacher
+    assert prep[0].selected.tolist() == [False, False]
+    assert prep[1].selected.tolist() == [True, True]
+
+
+def test_sensitivity_is_token_mean_js_of_the_two_teacher_views(policy):
+    tok = policy.tokenizer
+    ep = make_episode(tok, 3, 3)
+    obj = ReSAIL(selection_ratio=0.5, chunk_size=7)  # chunked != one chunk
+    p = obj.prepare_batch(policy, [ep], [PI])[0]
+    with policy.teacher():
+        with_pi = policy.logits(p.teacher_ids, p.positions + p.offset)
+        without = policy.logits(ep.ids(), p.positions)
+    close(p.scores, pi_sensitivity(with_pi, without, p.steps, p.num_steps))
+
+
+@pytest.mark.parametrize("rho", [0.05, 0.3, 0.5, 1.0])
+def test_selected_count_is_ceil_rho_steps(policy, rho):
+    eps = [make_episode(policy.tokenizer, k, n) for k, n in enumerate([1, 2, 4])]  # |U| = 7 steps
+    prep = ReSAIL(selection_ratio=rho).prepare_batch(policy, eps)
+    selected = torch.cat([p.selected for p in prep])
+    assert len(selected) == 7
+    assert int(selected.sum()) == math.ceil(rho * 7)
+    if rho == 1.0:
+        assert selected.all()
+
+
+def test_tlb_gives_each_selected_trajectory_weight_one_over_batch(policy):
+    tok = policy.tokenizer
+    eps = [make_episode(tok, k, n) for k, n in enumerate([2, 3, 1])]
+    texts = [PI, "", PI]  # trajectory 1 has zero sensitivity: never selected below
+    obj = ReSAIL(selection_ratio=0.5, retention_weight=0.0)  # K = ceil(0.5 * 6) = 3
+    prep = obj.prepare_batch(policy, eps, texts)
+    assert [int(p.selected.sum()) for p in prep] == [2, 0, 1]
+    g_batch = grads(policy, obj.loss_batch(policy, eps, prep).loss)
+    # each trajectory alone (same selection, |B| = 1) is its per-trajectory mean
+    g0 = grads(policy, obj.loss_batch(policy, [eps[0]], [prep[0]]).loss)
+    g2 = grads(policy, obj.loss_batch(policy, [eps[2]], [prep[2]]).loss)
+    close(g_batch, (g0 + g2) / 3)
+    # the token mean (no TLB) weights by token count instead: a different gradient
+    token_mean = ReSAIL(selection_ratio=0.5, retention_weight=0.0, trajectory_balance=False)
+    g_tok = grads(policy, token_mean.loss_batch(policy, eps, prep).loss)
+    assert not torch.allclose(g_tok, g_batch, rtol=1e-3, atol=0)
+
+
+def test_rho_one_without_tlb_or_pr_is_plain_distillation(policy):
+    ep = make_episode(policy.tokenizer, 5, 3)
+    obj = ReSAIL(selection_ratio=1.0, trajectory_balance=False, retention_weight=0.0)
+    ref = Distillation()
+    close(obj.loss(policy, ep, obj.prepare(policy, ep)).loss, ref.loss(policy, ep, ref.prepare(policy, ep)).loss)
+
+
+def test_retention_is_zero_for_a_fresh_adapter(policy):
+    eps = [make_episode(policy.tokenizer, k, 2) for k in range(2)]
+    obj = ReSAIL(retention_weight=0.5)
+    prep = obj.prepare_batch(policy, eps)
+    ret = obj.retention_loss(policy, list(zip(eps, prep)))
+    assert_close(ret, torch.tensor(0.0), atol=1e-7, rtol=0)
+    out = obj.loss_batch(policy, eps, prep)
+    assert out.metrics["loss/retention"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_retention_gradient_points_toward_the_teacher(policy):
+    torch.manual_seed(1)
+    with torch.no_grad():  # move the student away from the teacher
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    eps = [make_episode(policy.tokenizer, k, 2) for k in range(2)]
+    obj = ReSAIL(retention_weight=1.0)
+    prep = obj.prepare_batch(policy, eps)
+    pairs = list(zip(eps, prep))
+    before = obj.retention_loss(policy, pairs)
+    assert before > 0
+    grads(policy, before)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p -= 0.5 * p.grad
+    after = obj.retention_loss(policy, pairs)
+    assert after < before
+
+
+def test_unselected_trajectories_cost_no_student_forward(policy, monkeypatch):
+    eps = [make_episode(policy.tokenizer, k, 2) for k in range(4)]
+    obj = ReSAIL(selection_ratio=0.05, retention_weight=0.0)  # K = 1 of 8 steps
+    prep = obj.prepare_batch(policy, eps)
+    calls = []
+    hidden = policy.hidden
+    monkeypatch.setattr(policy, "hidden", lambda ids: calls.append(len(ids)) or hidden(ids))
+    obj.loss_batch(policy, eps, prep)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("kwargs, name", [({"selection_ratio": 0.0}, "selection_ratio"),
+                                          ({"selection_ratio": 1.5}, "selection_ratio"),
+                                          ({"retention_weight": -0.1}, "retention_weight"),
+                                          ({"divergence": "kl"}, "divergence")])
+def test_bad_arguments_name_themselves(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ReSAIL(**kwargs)
+
+
+def test_online_stream_runs_with_the_resail_overlay(tmp_path):
+    from lit_ascent.cli import main
+
+    cli = main(["fit", "--config", "configs/debug.yaml", "--config", "configs/resail/online_resail.yaml",
+                "--trainer.logger.init_args.save_dir", str(tmp_path), "--data.num_tasks", "2",
+                "--data.env.init_args.verify_every", "1", "--report.verbose", "false"])
+    obj = cli.model.objective
+    assert isinstance(obj, ReSAIL)
+    assert (obj.selection_ratio, obj.retention_weight, obj.trajectory_balance) == (0.25, 0.5, True)
+    assert cli.model.counters["updates"] == 2
