@@ -12,14 +12,6 @@ from lit_ascent.objectives import ReSAIL
 from lit_ascent.privileged import LESSON_HEADER
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU is shared: one intra-op thread is far faster than two under contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def test_cycle0_teacher_is_the_base_model(policy):
     ids = make_episode(policy.tokenizer, 0, 1).ids()

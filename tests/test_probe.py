@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 from test_transfer import stream_trainer
 from torch.testing import assert_close
 
@@ -10,14 +9,6 @@ from callbacks import PIProbe, VerificationGate
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.objectives import NoUpdate
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU is shared: one intra-op thread is far faster than two under contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_probe_logs_both_rates_and_leaves_the_adapter_unchanged(tmp_path):

@@ -13,14 +13,6 @@ from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT,
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU is shared: one intra-op thread is far faster than two under contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 PI = "Hindsight: a verified successful attempt.\nStep 1:\nThought: open the box first.\nAction: open box"
 

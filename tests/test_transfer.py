@@ -1,7 +1,6 @@
 """TransferEval: frozen evaluation of the current adapter on its own env's fixed task subset."""
 import lightning as L
 import pytest
-import torch
 from conftest import TINY
 from lightning.pytorch.loggers import Logger
 from torch.testing import assert_close
@@ -38,14 +37,6 @@ class MemoryLogger(Logger):
     def logged(self, key):
         return [(step, m[key]) for step, m in self.rows if key in m]
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU is shared: one intra-op thread is far faster than two under contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def stream_trainer(tmp_path, callbacks, objective, num_tasks=4):
