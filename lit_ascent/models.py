@@ -66,16 +66,22 @@ class ModelConfig:
     """Fast-weight adapter settings."""
     warm_start_adapter: str | None = None
     """PEFT adapter dir merged into the base before the fast weights (teacher = warm-started model)."""
+    init_adapter: str | None = None
+    """PEFT dir whose weights initialise the fast weights (teacher stays the base): continued TTT."""
     trust_remote_code: bool = False
     """Allow model code from the checkpoint (off unless asked for)."""
     cache_dir: str = "~/.cache/lit_ascent"
     """Where the embedded model is fetched and unpacked."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (long episodes: less memory, ~1/3 more compute)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"model.llm.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.warm_start_adapter and not Path(self.warm_start_adapter).expanduser().is_dir():
-            raise ValueError(f"model.llm.warm_start_adapter: no adapter directory at {self.warm_start_adapter!r}")
+        for name in ("warm_start_adapter", "init_adapter"):
+            path = getattr(self, name)
+            if path and not (Path(path).expanduser() / "adapter_model.safetensors").is_file():
+                raise ValueError(f"model.llm.{name}: no adapter_model.safetensors in {path!r}")
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
@@ -148,12 +154,28 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> "Policy
         r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
         target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
     )
+    if cfg.gradient_checkpointing:  # non-reentrant: frozen inputs still give LoRA gradients
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     peft_model = get_peft_model(model, lora)
+    if cfg.init_adapter:
+        _load_fast_weights(peft_model, Path(cfg.init_adapter).expanduser())
     for name, p in peft_model.named_parameters():
         p.requires_grad_("lora_" in name)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return Policy(peft_model.to(device), tok)
+
+
+def _load_fast_weights(peft_model, path: Path) -> None:
+    """Start the fast weights from a saved adapter (same LoRA shape), leaving the base untouched."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(peft_model, load_file(str(path / "adapter_model.safetensors")))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"model.llm.init_adapter {path}: LoRA shape differs from model.llm.lora "
+                         f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})")
 
 
 class Policy(nn.Module):

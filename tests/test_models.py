@@ -65,3 +65,18 @@ def test_warm_start_adapter_is_merged_into_the_teacher(policy, tmp_path):
 def test_resolve_dtype_explicit():
     assert resolve_dtype("float32") is torch.float32
     assert resolve_dtype("auto") in (torch.float32, torch.bfloat16)
+
+
+def test_init_adapter_starts_the_student_but_not_the_teacher(policy, tmp_path):
+    _train_some(policy)
+    policy.model.save_pretrained(str(tmp_path / "seen"))
+    ids = _ids(policy)
+    trained = policy.logits(ids).detach()
+    with policy.teacher():
+        base = policy.logits(ids)
+    cont = load_policy(ModelConfig(name_or_path="tiny-random", dtype="float32", lora=TINY.lora,
+                                   init_adapter=str(tmp_path / "seen")))
+    torch.testing.assert_close(cont.logits(ids).detach(), trained, rtol=1e-5, atol=1e-5)
+    with cont.teacher():
+        torch.testing.assert_close(cont.logits(ids), base, rtol=1e-5, atol=1e-5)
+    assert all(p.requires_grad for p in cont.trainable_parameters())

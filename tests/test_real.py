@@ -51,3 +51,20 @@ def test_smollm2_update_on_a_verified_textcraft_episode():
     opt.step()
     assert all(torch.equal(p, base[n]) for n, p in policy.model.named_parameters() if "lora_" not in n)
     assert any(not torch.equal(v, lora[n]) for n, v in policy.adapter_state().items())
+
+
+def test_smollm2_plays_one_alfworld_game_through_the_loop(tmp_path):
+    pytest.importorskip("textworld")
+    from lit_ascent.envs.alfworld import resolve_data_root
+
+    try:
+        resolve_data_root()
+    except (FileNotFoundError, ValueError) as err:
+        pytest.skip(f"no ALFWorld data: {err}")
+    proc = run_cli(tmp_path, "--config", "configs/alfworld/ascent.yaml", "--data.num_tasks", "1",
+                   "--model.rollout.max_turns", "3", "--model.rollout.max_new_tokens", "48", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "alfworld" / "version_0"
+    records = [json.loads(line) for line in (run / "experience.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["env"] == "alfworld" and 1 <= records[0]["turns"] <= 3
+    assert records[0]["family"] and records[0]["error"] is None
