@@ -173,5 +173,9 @@ class OaTTTModule(L.LightningModule):
             "train/skipped_nonfinite": float(self.counters["skipped_nonfinite"]),
             "rollout/tokens_per_s": ep.timings.get("tokens_per_s", 0.0),
             "perf/rollout_s": ep.timings.get("rollout_s", 0.0),
-            **{k: v for k, v in stats.items() if "/" in k},
         }, **kw)
+        # Update metrics exist only for tasks that updated; self.log would repeat the last
+        # value at every later step, so they go to the loggers directly, at the task's index.
+        update_metrics = {k: v for k, v in stats.items() if "/" in k}
+        for logger in self.loggers if update_metrics else ():
+            logger.log_metrics(update_metrics, step=ep.task.index)

@@ -2,7 +2,10 @@
 
 The episode is one append-only token sequence. Each turn pre-fills only the
 tokens the cache has not seen (the previous stop token and the new
-observation), never the whole history again.
+observation), never the whole history again. The bookkeeping of an episode
+(``EpisodeRun``: prompt, turn budget, env steps, roles) is separate from the
+decoding, so the batched evaluation (``lit_ascent.evaluate``) runs the very
+same episode logic over a shared batch cache.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from lit_ascent.envs.base import StepResult, TextEnv, parse_action
 from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
@@ -69,20 +73,66 @@ def observation_ids(tokenizer, observation: str, turn_closed: bool, template) ->
     return tokenizer(before + observation + after, add_special_tokens=False).input_ids
 
 
+class GrowingLayer(DynamicLayer):
+    """A cache layer whose keys/values live in a buffer of doubling capacity.
+
+    DynamicLayer concatenates on every step, copying the whole cache for each
+    new token (O(T) per token); this writes new entries in place and copies
+    only when the capacity doubles. ``keys``/``values`` are views of the filled part.
+    """
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.length, self._kbuf, self._vbuf = 0, None, None
+        n, new = self.length, key_states.shape[-2]
+        if self._kbuf is None or n + new > self._kbuf.shape[-2]:
+            self._kbuf, self._vbuf = (self._grown(b, s, max(2 * (n + new), 64))
+                                      for b, s in ((self._kbuf, key_states), (self._vbuf, value_states)))
+        self._kbuf[..., n:n + new, :] = key_states
+        self._vbuf[..., n:n + new, :] = value_states
+        self.length = n + new
+        self.keys, self.values = self._kbuf[..., : n + new, :], self._vbuf[..., : n + new, :]
+        return self.keys, self.values
+
+    def _grown(self, buf, states, capacity):
+        out = states.new_zeros((*states.shape[:-2], capacity, states.shape[-1]))
+        if buf is not None:
+            out[..., : self.length, :] = buf[..., : self.length, :]
+        return out
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the batch rows ``indices`` (finished episodes leave a batched cache)."""
+        if self.is_initialized and self._kbuf is not None:
+            self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+            self.keys, self.values = self._kbuf[..., : self.length, :], self._vbuf[..., : self.length, :]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("GrowingLayer does not crop")
+
+
+def growing_cache() -> DynamicCache:
+    """A DynamicCache made of ``GrowingLayer``s (no per-token copy of the whole cache)."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
 class IncrementalDecoder:
     """Greedy decoding over a KV cache that persists across turns.
 
     ``unfed`` holds ids appended to the sequence but not yet run through the
     model; every ``generate`` call pre-fills exactly those, then decodes.
+    ``trace``, when set to a list, receives the (V,) logits of every decoded
+    token (for exactness tests).
     """
 
     def __init__(self, model, stop_ids: set[int]):
-        from transformers import DynamicCache
-
         self.model, self.stop_ids = model, stop_ids
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         self.unfed: list[int] = []
         self.seen = 0
+        self.trace: list[torch.Tensor] | None = None
 
     def extend(self, ids: list[int]) -> None:
         self.unfed.extend(ids)
@@ -101,7 +151,10 @@ class IncrementalDecoder:
         """Greedy tokens until a stop id (included, returns closed=True) or the budget."""
         out: list[int] = []
         for _ in range(max_new_tokens):
-            token = int(self._feed().argmax())
+            logits = self._feed()
+            if self.trace is not None:
+                self.trace.append(logits.float().clone())
+            token = int(logits.argmax())
             out.append(token)
             self.unfed = [token]
             if token in self.stop_ids:
@@ -130,55 +183,93 @@ def safe_step(env: TextEnv, action: str | None) -> tuple[StepResult, str | None]
         return StepResult(f"Environment error: {err}", done=True, valid=False), repr(err)
 
 
-def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None) -> Episode:
-    """Run one greedy ReAct episode of ``task`` with ``model`` as it is now.
+class EpisodeRun:
+    """The bookkeeping of one episode, whatever decodes its tokens.
 
-    ``context`` (e.g. privileged information for a PI-conditioned probe) is
-    appended to the system message at the same point the teacher's PI goes.
+    Protocol: feed ``prompt`` to a decoder; while ``budget()`` > 0, decode at most
+    that many tokens (stopping at ``stop_ids`` or ``should_stop``), pass them to
+    ``end_turn``, which steps the env and returns the observation ids to feed
+    next (None when the episode is over); finally ``finish()``.
     """
-    t0 = time.perf_counter()
-    system, first_obs = env.system_prompt(), env.reset(task)
-    if context:
-        system = f"{system}\n\n{context}"
-    ep = Episode(task=task, system=system, first_observation=first_obs)
-    prompt = chat_prompt_ids(tokenizer, system, first_obs)
-    _append(ep, prompt, ROLE_PROMPT, -1)
-    ep.prompt_len = len(prompt)
-    template = observation_template(tokenizer)
-    stop = {tokenizer.eos_token_id} - {None}
-    decoder = IncrementalDecoder(model, stop)
-    decoder.extend(prompt)
-    should_stop = _action_line_done(tokenizer) if cfg.stop_after_action else None
-    gen_tokens = 0
-    ended = False
-    for t in range(cfg.max_turns):
-        budget = min(cfg.max_new_tokens, cfg.max_context_tokens - len(ep.token_ids))
+
+    def __init__(self, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None):
+        self.t0 = time.perf_counter()
+        self.tokenizer, self.env, self.cfg = tokenizer, env, cfg
+        system, first_obs = env.system_prompt(), env.reset(task)
+        if context:
+            system = f"{system}\n\n{context}"
+        self.ep = Episode(task=task, system=system, first_observation=first_obs)
+        self.prompt = chat_prompt_ids(tokenizer, system, first_obs)
+        _append(self.ep, self.prompt, ROLE_PROMPT, -1)
+        self.ep.prompt_len = len(self.prompt)
+        self.template = observation_template(tokenizer)
+        self.stop_ids = {tokenizer.eos_token_id} - {None}
+        self.should_stop = _action_line_done(tokenizer) if cfg.stop_after_action else None
+        self.gen_tokens, self.ended, self.over = 0, False, False
+
+    def budget(self) -> int:
+        """Tokens the next turn may generate; 0 when the episode is over."""
+        if self.over or len(self.ep.turns) >= self.cfg.max_turns:
+            return 0
+        budget = min(self.cfg.max_new_tokens, self.cfg.max_context_tokens - len(self.ep.token_ids))
         if budget <= 0:
-            log.info("task %s: context budget of %d tokens exhausted", task.task_id, cfg.max_context_tokens)
-            break
-        gen, closed = decoder.generate(budget, should_stop)
-        gen_tokens += len(gen)
+            log.info("task %s: context budget of %d tokens exhausted", self.ep.task.task_id,
+                     self.cfg.max_context_tokens)
+            return 0
+        return budget
+
+    def end_turn(self, gen: list[int], closed: bool) -> list[int] | None:
+        """Record the turn, step the env; the observation ids to feed, or None when the episode ended."""
+        ep, t = self.ep, len(self.ep.turns)
+        self.gen_tokens += len(gen)
         start = len(ep.token_ids)
         _append(ep, gen, ROLE_ASSISTANT, t)
-        text = tokenizer.decode(gen, skip_special_tokens=True)
+        text = self.tokenizer.decode(gen, skip_special_tokens=True)
         action = parse_action(text)
-        result, error = safe_step(env, action)
+        result, error = safe_step(self.env, action)
         ep.turns.append(Turn(t, text, action, result.observation, result.valid, (start, len(ep.token_ids))))
         if error:
             ep.error = error
         if result.done:
-            ep.verified, ended = bool(result.verified) and error is None, True
-            break
-        if t == cfg.max_turns - 1:
-            break  # budget spent: no observation to show to a model that will not act again
-        obs = observation_ids(tokenizer, result.observation, closed, template)
+            ep.verified, self.ended, self.over = bool(result.verified) and error is None, True, True
+            return None
+        if len(ep.turns) >= self.cfg.max_turns:
+            self.over = True
+            return None  # budget spent: no observation to show to a model that will not act again
+        obs = observation_ids(self.tokenizer, result.observation, closed, self.template)
         _append(ep, obs, ROLE_OBSERVATION, t)
+        return obs
+
+    def finish(self) -> Episode:
+        """The finished episode (verdict at the end of the budget if the env did not end it)."""
+        self.over = True
+        ep = self.ep
+        if not self.ended and ep.error is None:
+            ep.verified = bool(self.env.verify_at_end())
+        dt = time.perf_counter() - self.t0
+        ep.timings.update(rollout_s=dt, generated_tokens=self.gen_tokens,
+                          tokens_per_s=self.gen_tokens / max(dt, 1e-9))
+        return ep
+
+
+def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None,
+            *, decoder_factory=IncrementalDecoder) -> Episode:
+    """Run one greedy ReAct episode of ``task`` with ``model`` as it is now.
+
+    ``context`` (e.g. privileged information for a PI-conditioned probe) is
+    appended to the system message at the same point the teacher's PI goes.
+    ``decoder_factory(model, stop_ids)`` builds the decoder (tests swap in a
+    reference that recomputes the whole sequence).
+    """
+    run = EpisodeRun(tokenizer, env, task, cfg, context)
+    decoder = decoder_factory(model, run.stop_ids)
+    decoder.extend(run.prompt)
+    while (budget := run.budget()) > 0:
+        obs = run.end_turn(*decoder.generate(budget, run.should_stop))
+        if obs is None:
+            break
         decoder.extend(obs)
-    if not ended and ep.error is None:
-        ep.verified = bool(env.verify_at_end())
-    dt = time.perf_counter() - t0
-    ep.timings.update(rollout_s=dt, generated_tokens=gen_tokens, tokens_per_s=gen_tokens / max(dt, 1e-9))
-    return ep
+    return run.finish()
 
 
 def _append(ep: Episode, ids: list[int], role: int, turn: int) -> None:

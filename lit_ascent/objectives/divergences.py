@@ -215,3 +215,86 @@ def _chunk_loop(
         for start in range(0, n, chunk_size)
     ]
     return torch.cat(outs)  # (N,)
+
+
+# --- Top-k teacher with a tail bucket (an approximation; off by default) -----------------
+
+_TAIL_FLOOR = -1.0e4  # stands in for log 0 so that an empty tail keeps finite gradients
+
+
+def topk_teacher_targets(teacher_logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The teacher's k most likely tokens and the mass of all the others.
+
+    Args:
+        teacher_logits: (N, V) teacher logits (no gradient is kept).
+        k: tokens kept per position, 1 <= k <= V.
+    Returns:
+        (index (N, k) long, log_q (N, k) float32, log_tail (N,) float32): the top-k
+        log-probabilities of q and log(1 - sum of them) (-1e4 when the tail is empty).
+    """
+    if not 1 <= k <= teacher_logits.shape[-1]:
+        raise ValueError(f"k must lie in [1, {teacher_logits.shape[-1]}], got {k!r}")
+    with torch.no_grad():
+        log_q = _log_probs(teacher_logits)
+        top, index = log_q.topk(k, dim=-1)
+        return index, top, _tail_log_mass(log_q, index)
+
+
+def _tail_log_mass(log_probs: Tensor, index: Tensor) -> Tensor:
+    # log sum_{v not in index} exp(log_probs_v), (N,); the kept entries are floored, not -inf,
+    # so the logsumexp and its gradient stay finite when nothing is left in the tail.
+    rest = log_probs.scatter(-1, index, _TAIL_FLOOR)
+    return torch.logsumexp(rest, dim=-1).clamp_min(_TAIL_FLOOR)
+
+
+def topk_tail_divergence(
+    student_logits: Tensor, index: Tensor, teacher_log_q: Tensor, teacher_log_tail: Tensor,
+    kind: str, beta: float = 0.5,
+) -> Tensor:
+    """``token_divergence`` between the teacher and the student, both coarsened to k + 1 buckets.
+
+    Buckets: the teacher's top-k tokens, then one tail bucket holding the rest
+    of the vocabulary. With b the bucketing map, this computes D(b(q), b(p)):
+    exact for k = V (empty tail); for k < V a lower bound of the full
+    divergence (coarse-graining never increases an f-divergence), close to it
+    when the teacher is peaked. Only (N, k) teacher numbers need to be kept.
+
+    Args:
+        student_logits: (N, V) student logits.
+        index, teacher_log_q, teacher_log_tail: from ``topk_teacher_targets``, (N, k), (N, k), (N,).
+        kind, beta: as in ``token_divergence``.
+    Returns:
+        (N,) float32, differentiable w.r.t. ``student_logits``.
+    """
+    log_p = _log_probs(student_logits)
+    student = torch.cat([log_p.gather(-1, index), _tail_log_mass(log_p, index)[:, None]], dim=-1)
+    teacher = torch.cat([teacher_log_q, teacher_log_tail[:, None]], dim=-1).detach()
+    return token_divergence(student, teacher, kind, beta)  # log_softmax of log-probs: identity
+
+
+def chunked_topk_divergence(
+    student_hidden: Tensor, targets: tuple[Tensor, Tensor, Tensor], head: Head, kind: str,
+    beta: float = 0.5, chunk_size: int = 256,
+) -> Tensor:
+    """``topk_tail_divergence(head(student_hidden), *targets)`` with (chunk, V) student logits at most.
+
+    As in ``chunked_token_divergence``, each chunk's logits are rebuilt in the
+    backward (non-reentrant checkpoint), so memory holds one chunk of logits.
+    """
+    _check_chunking(kind, beta, chunk_size)
+    index, log_q, log_tail = targets
+    if student_hidden.shape[0] != index.shape[0]:
+        raise ValueError(f"student_hidden has {student_hidden.shape[0]} positions, targets {index.shape[0]}")
+
+    def chunk_div(h: Tensor, idx: Tensor, lq: Tensor, lt: Tensor) -> Tensor:
+        return topk_tail_divergence(head(h), idx, lq, lt, kind, beta)
+
+    n = student_hidden.shape[0]
+    if n == 0:
+        return chunk_div(student_hidden, index, log_q, log_tail)
+    outs = [
+        checkpoint(chunk_div, *(t[s : s + chunk_size] for t in (student_hidden, index, log_q, log_tail)),
+                   use_reentrant=False)
+        for s in range(0, n, chunk_size)
+    ]
+    return torch.cat(outs)  # (N,)
