@@ -1,0 +1,5 @@
+import sys
+
+from lit_ascent.warmstart.cli import main
+
+sys.exit(main())

@@ -1,0 +1,252 @@
+"""Command line of the warm start.
+
+    python -m lit_ascent.warmstart [train] --env textcraft --out adapters/textcraft-ref \
+        [--num-plain 100 --num-recovery 100 --num-hindsight 100 --epochs 1 --lr 5e-4 --rank 16 --seed 0]
+    python -m lit_ascent.warmstart eval --adapter adapters/textcraft-ref --env textcraft \
+        --num-tasks 30 [--hindsight] [--control]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lit_ascent.models import EMBEDDED, LoraSettings, ModelConfig, load_policy
+from lit_ascent.rollout import RolloutConfig
+from lit_ascent.warmstart.sources import ENVS
+
+log = logging.getLogger("lit_ascent.warmstart")
+DTYPES = ("auto", "bfloat16", "float32", "float16")
+
+
+def _check_common(env: str, dtype: str) -> None:
+    if env not in ENVS:
+        raise ValueError(f"--env must be one of {ENVS}, got {env!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {DTYPES}, got {dtype!r}")
+
+
+@dataclass
+class TrainArgs:
+    """Settings of the warm-start recipe (demos + behaviour cloning)."""
+
+    out: str
+    """Output folder of the adapter, recipe.json and demos.jsonl."""
+    env: str = "textcraft"
+    """textcraft | alfworld."""
+    num_plain: int = 100
+    """Planner demos."""
+    num_recovery: int = 100
+    """Demos with one wrong action, the env's error, then the fix."""
+    num_hindsight: int = 100
+    """Demos with the same task's verified trajectory in the system prompt."""
+    epochs: int = 1
+    """Passes over the demos."""
+    lr: float = 5e-4
+    """AdamW learning rate."""
+    rank: int = 16
+    """LoRA rank (all linear layers)."""
+    alpha: float = 32.0
+    """LoRA alpha."""
+    seed: int = 0
+    """Seed of the task order, the shuffles and the LoRA init."""
+    max_demo_tokens: int | None = None
+    """Drop demos whose token sequence is longer (None: keep all)."""
+    depths: list[int] = field(default_factory=lambda: [2])
+    """TextCraft goal depths (configs/textcraft/ascent.yaml uses [2])."""
+    demos_jsonl: str | None = None
+    """ALFWorld: planner demos from `python -m lit_ascent.demos` (valid_train)."""
+    model: str = EMBEDDED
+    """Base model: any ModelConfig name_or_path (tiny-random for tests)."""
+    dtype: str = "auto"
+    """auto (bf16 where supported) | bfloat16 | float32 | float16."""
+    learn_mistakes: bool = False
+    """Also clone the mistake turns of recovery demos (default: they are context only)."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip (0: off)."""
+
+    def __post_init__(self) -> None:
+        _check_common(self.env, self.dtype)
+        for name in ("num_plain", "num_recovery", "num_hindsight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.num_plain + self.num_recovery + self.num_hindsight == 0:
+            raise ValueError("--num-plain + --num-recovery + --num-hindsight must be > 0")
+        if self.epochs < 1:
+            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.max_demo_tokens is not None and self.max_demo_tokens < 1:
+            raise ValueError(f"--max-demo-tokens must be >= 1, got {self.max_demo_tokens}")
+        if not self.depths or any(d not in (2, 3, 4) for d in self.depths):
+            raise ValueError(f"--depths must be a non-empty subset of [2, 3, 4], got {self.depths}")
+        if self.grad_clip < 0:
+            raise ValueError(f"--grad-clip must be >= 0, got {self.grad_clip}")
+        LoraSettings(rank=self.rank, alpha=self.alpha)  # validates rank and alpha
+
+
+@dataclass
+class EvalArgs:
+    """Settings of the reference evaluation."""
+
+    adapter: str | None = None
+    """Warm-start adapter folder (None: the base model as it is)."""
+    env: str = "textcraft"
+    """textcraft | alfworld."""
+    num_tasks: int = 30
+    """Evaluation tasks (first of a seeded shuffle of the evaluation split)."""
+    hindsight: bool = False
+    """Also evaluate with the same task's verified trajectory in the prompt."""
+    control: bool = False
+    """Also evaluate with the hindsight block of a different task of the same depth/family."""
+    depths: list[int] = field(default_factory=lambda: [2])
+    """TextCraft goal depths."""
+    split: str | None = None
+    """Evaluation split (default: eval for textcraft, valid_seen for alfworld)."""
+    seed: int = 0
+    """Seed of the task order (0 = the stream's order with data.seed 0)."""
+    max_turns: int = 30
+    """Turn budget per episode."""
+    max_new_tokens: int = 96
+    """Token budget per assistant turn."""
+    model: str = EMBEDDED
+    """Base model (ModelConfig name_or_path)."""
+    dtype: str = "auto"
+    """Model dtype."""
+    out: str | None = None
+    """JSON output (default: <adapter>/eval_<env>.json, else warmstart_eval_<env>.json)."""
+
+    def __post_init__(self) -> None:
+        _check_common(self.env, self.dtype)
+        if self.num_tasks < 1 or (self.control and self.num_tasks < 2):
+            raise ValueError(f"--num-tasks must be >= 1 (>= 2 with --control), got {self.num_tasks}")
+        if self.adapter is not None and not Path(self.adapter).is_dir():
+            raise ValueError(f"--adapter: no adapter folder at {self.adapter!r}")
+        RolloutConfig(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens)
+
+    def modes(self) -> list[str]:
+        return ["plain"] + ["hindsight"] * self.hindsight + ["control"] * self.control
+
+    def output_path(self) -> Path:
+        if self.out:
+            return Path(self.out)
+        return Path(self.adapter or ".") / (f"eval_{self.env}.json" if self.adapter else f"warmstart_eval_{self.env}.json")
+
+
+def _add_fields(parser: argparse.ArgumentParser, cls) -> None:
+    """One option per dataclass field, typed, with the attribute docstring as help."""
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    for name, f in hints.items():
+        flag = "--" + name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        kind = str(f.type)
+        if kind == "bool":
+            parser.add_argument(flag, action="store_true", help=_doc(cls, name))
+        elif kind.startswith("list[int]"):
+            parser.add_argument(flag, type=int, nargs="+", default=default, help=_doc(cls, name))
+        else:
+            typ = int if kind.startswith("int") else float if kind.startswith("float") else str
+            parser.add_argument(flag, type=typ, default=default, required=required, help=_doc(cls, name))
+    if cls is TrainArgs:  # the issue's spelling
+        parser.add_argument("--max-demos-tokens", dest="max_demo_tokens", type=int, help=argparse.SUPPRESS)
+
+
+def _doc(cls, name: str) -> str:
+    """The attribute docstring of ``cls.name`` (read from the source)."""
+    import inspect
+
+    lines = inspect.getsource(cls).splitlines()
+    for k, line in enumerate(lines):
+        if line.strip().startswith(f"{name}:") and k + 1 < len(lines):
+            return lines[k + 1].strip().strip('"')
+    return ""
+
+
+def parse(argv: list[str]) -> TrainArgs | EvalArgs:
+    command = "train"
+    if argv and argv[0] in ("train", "eval"):
+        command, argv = argv[0], argv[1:]
+    cls = TrainArgs if command == "train" else EvalArgs
+    parser = argparse.ArgumentParser(prog=f"python -m lit_ascent.warmstart {command}", description=cls.__doc__)
+    _add_fields(parser, cls)
+    ns = vars(parser.parse_args(argv))
+    try:
+        return cls(**ns)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def run_train(args: TrainArgs, command: str) -> dict:
+    from lit_ascent.warmstart.demos import build_demos
+    from lit_ascent.warmstart.sources import training_source
+    from lit_ascent.warmstart.train import git_commit, save_adapter, train_adapter
+
+    t0 = time.perf_counter()
+    torch.manual_seed(args.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = ModelConfig(name_or_path=args.model, dtype=args.dtype, lora=LoraSettings(rank=args.rank, alpha=args.alpha))
+    policy = load_policy(cfg, device)
+    load_s, t1 = time.perf_counter() - t0, time.perf_counter()
+    source = training_source(args.env, args.depths, args.seed, args.demos_jsonl)
+    counts = {"plain": args.num_plain, "recovery": args.num_recovery, "hindsight": args.num_hindsight}
+    demos, stats = build_demos(policy.tokenizer, source.env, source.tasks, counts, source.scripts,
+                               args.max_demo_tokens)
+    demo_s = time.perf_counter() - t1
+    log.info("demos: %s (%.1f s)", stats.as_dict(), demo_s)
+    figures = train_adapter(policy, demos, args.epochs, args.lr, args.seed, grad_clip=args.grad_clip,
+                            learn_mistakes=args.learn_mistakes)
+    recipe = {"command": command, "args": dataclasses.asdict(args), "demos": stats.as_dict(),
+              "demo_tokens": sum(len(d.episode.token_ids) for d in demos), "load_s": round(load_s, 2),
+              "demo_build_s": round(demo_s, 2),
+              **figures, "total_s": round(time.perf_counter() - t0, 2), "device": device,
+              "dtype": str(next(policy.model.parameters()).dtype), "git_commit": git_commit(Path(__file__).parent),
+              "train_goals": sorted({d.episode.task.task_id for d in demos})}
+    save_adapter(policy, args.out, recipe, demos)
+    log.info("saved %s: loss/bc per epoch %s, %.0f tokens/s", args.out, figures["epoch_loss"], figures["tokens_per_s"])
+    return recipe
+
+
+def run_eval(args: EvalArgs) -> dict:
+    from lit_ascent.warmstart.eval import eval_tasks, evaluate_modes, markdown_table
+    from lit_ascent.warmstart.sources import evaluation_source
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy = load_policy(ModelConfig(name_or_path=args.model, dtype=args.dtype, warm_start_adapter=args.adapter), device)
+    env, tasks, reference = evaluation_source(args.env, args.depths, args.split)
+    tasks = eval_tasks(tasks, args.num_tasks, args.seed)
+    cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
+    path = args.output_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    def save(rows: dict) -> dict:  # after every mode, so a long run keeps what it finished
+        report = {"args": dataclasses.asdict(args), "eval_s": round(time.perf_counter() - t0, 2), "rows": rows}
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
+    rows = evaluate_modes(policy, env, tasks, cfg, args.modes(), reference, on_row=save)
+    report = save(rows)
+    print(markdown_table(rows))
+    print(json.dumps({m: {k: v for k, v in r.items() if k != "episodes"} for m, r in rows.items()}))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse(argv)
+    if isinstance(args, TrainArgs):
+        run_train(args, shlex.join(["python", "-m", "lit_ascent.warmstart", *argv]))
+    else:
+        run_eval(args)
+    return 0

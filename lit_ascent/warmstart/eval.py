@@ -1,0 +1,89 @@
+"""Evaluate a warm-started reference model: plain, with hindsight, and the control.
+
+- ``plain``: the evaluation tasks as the stream shows them.
+- ``hindsight``: the planner's verified trajectory of the same task in the system
+  prompt, rendered exactly as the ASCENT teacher sees it (``rollout(context=...)``).
+- ``control``: the hindsight block of a *different* task of the same depth/family:
+  success there measures copying or format effects, not use of the task's PI.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from lit_ascent.envs.base import TextEnv
+from lit_ascent.evaluate import evaluate, outcome_rates
+from lit_ascent.rollout import RolloutConfig
+from lit_ascent.trajectory import Task
+from lit_ascent.warmstart.demos import Script, check_replay, privileged_block
+
+EVAL_MODES = ("plain", "hindsight", "control")
+
+
+def eval_tasks(tasks: list[Task], num_tasks: int, seed: int) -> list[Task]:
+    """The first ``num_tasks`` of a seeded shuffle (the stream's order for the same seed)."""
+    order = list(tasks)
+    random.Random(seed).shuffle(order)
+    return order[:num_tasks]
+
+
+def reference_contexts(tokenizer, env: TextEnv, tasks: list[Task],
+                       script_fn: Callable[[Task, int], Script]) -> list[str]:
+    """The privileged block of each task's verified reference (planner) trajectory."""
+    out = []
+    for task in tasks:
+        ep, why = check_replay(tokenizer, env, task, script_fn(task, 0))
+        if why:
+            raise RuntimeError(f"warmstart eval: the reference trajectory of {task.task_id!r} is rejected: {why}")
+        out.append(privileged_block(ep))
+    return out
+
+
+def group_key(task: Task) -> tuple:
+    info = task.info()
+    return info.get("depth"), info.get("family")
+
+
+def control_contexts(tasks: list[Task], contexts: list[str]) -> list[str]:
+    """Context i = the block of the next task of the same (depth, family) group, cyclically;
+    a task alone in its group borrows from the next task of the whole list."""
+    if len(tasks) < 2:
+        raise ValueError("warmstart eval: the control needs at least 2 tasks (--num-tasks >= 2)")
+    groups: dict[tuple, list[int]] = {}
+    for i, task in enumerate(tasks):
+        groups.setdefault(group_key(task), []).append(i)
+    out = []
+    for i, task in enumerate(tasks):
+        members = groups[group_key(task)]
+        j = members[(members.index(i) + 1) % len(members)] if len(members) > 1 else (i + 1) % len(tasks)
+        out.append(contexts[j])
+    return out
+
+
+def evaluate_modes(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig, modes: list[str],
+                   script_fn: Callable[[Task, int], Script],
+                   on_row: Callable[[dict[str, dict]], None] | None = None) -> dict[str, dict]:
+    """{mode: success_rate, invalid_rate, turns, tasks, ...} for each requested mode;
+    ``on_row(rows so far)`` runs after each mode (e.g. to save partial results of a long run)."""
+    unknown = set(modes) - set(EVAL_MODES)
+    if unknown:
+        raise ValueError(f"warmstart eval: unknown modes {sorted(unknown)}; expected {EVAL_MODES}")
+    pi = reference_contexts(policy.tokenizer, env, tasks, script_fn) if set(modes) - {"plain"} else []
+    contexts = {"plain": None, "hindsight": pi, "control": control_contexts(tasks, pi) if "control" in modes else []}
+    rows = {}
+    for mode in modes:
+        episodes = evaluate(policy, env, tasks, cfg, contexts[mode])
+        rows[mode] = {**outcome_rates(episodes), "tasks": len(episodes),
+                      "generated_tokens": sum(int(e.timings.get("generated_tokens", 0)) for e in episodes),
+                      "rollout_s": round(sum(e.timings.get("rollout_s", 0.0) for e in episodes), 2),
+                      "episodes": [e.summary() for e in episodes]}
+        if on_row is not None:
+            on_row(rows)
+    return rows
+
+
+def markdown_table(rows: dict[str, dict]) -> str:
+    lines = ["| mode | tasks | success rate | invalid-action rate | mean turns |", "|---|---|---|---|---|"]
+    for mode, r in rows.items():
+        lines.append(f"| {mode} | {r['tasks']} | {r['success_rate']:.3f} | {r['invalid_rate']:.3f} | {r['turns']:.2f} |")
+    return "\n".join(lines)
