@@ -1,0 +1,89 @@
+"""Batched evaluation equals sequential evaluation, episode for episode, in float32."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_ascent.envs import ScriptedEnv
+from lit_ascent.evaluate import evaluate
+from lit_ascent.rollout import RolloutConfig
+
+
+class EosAfter(torch.nn.Module):
+    """The tiny model, except that a turn ends (EOS) right after any fed token id divisible by ``k``.
+
+    A position-wise rule, so cached, batched and sequential runs agree; it makes
+    turns stop at different times in different episodes.
+    """
+
+    def __init__(self, model, eos_id: int, k: int):
+        super().__init__()
+        self.model, self.eos_id, self.k = model, eos_id, k
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def forward(self, input_ids, **kw):
+        out = self.model(input_ids=input_ids, **kw)
+        fed = input_ids[:, -out.logits.shape[1]:]  # (B, kept positions)
+        out.logits[..., self.eos_id] += 100.0 * (fed % self.k == 0)
+        return out
+
+
+def _signature(ep):
+    return (ep.token_ids, ep.roles, ep.turn_ids, [t.text for t in ep.turns], ep.actions,
+            [t.valid for t in ep.turns], [t.span for t in ep.turns], ep.verified, ep.error)
+
+
+def _tasks_and_contexts(env):
+    tasks = env.tasks()
+    # different prompt lengths: the context budget ends these episodes after different turns
+    contexts = [None, "x" * 40, None, "y" * 90, "z" * 5, None, "w" * 60]
+    return tasks, contexts
+
+
+@pytest.fixture
+def lively(policy):
+    """The tiny policy with its base weights scaled up: less repetitive output, context-dependent turns."""
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_" not in name and p.dim() == 2:
+                p.mul_(8.0)
+    tok = policy.tokenizer
+    return SimpleNamespace(model=EosAfter(policy.model, tok.eos_token_id, k=5), tokenizer=tok)
+
+
+@pytest.mark.parametrize("batch_size", [3, 8])
+def test_batched_equals_sequential(lively, batch_size):
+    wrapped, tok = lively, lively.tokenizer
+    env = ScriptedEnv(num_tasks=7, episode_steps=2, verify_every=2)
+    tasks, contexts = _tasks_and_contexts(env)
+    cfg = RolloutConfig(max_turns=5, max_new_tokens=9, max_context_tokens=450)
+    seq = evaluate(wrapped, env, tasks, cfg, contexts)
+    bat = evaluate(wrapped, env, tasks, cfg, contexts, batch_size=batch_size,
+                   env_factory=lambda: ScriptedEnv(num_tasks=7, episode_steps=2, verify_every=2))
+    assert [_signature(e) for e in bat] == [_signature(e) for e in seq]
+    # the case is not trivial: episodes of different lengths, turns that stop at different times
+    assert len({len(e.turns) for e in seq}) > 1
+    turn_lengths = {t.span[1] - t.span[0] for e in seq for t in e.turns}
+    assert len(turn_lengths) > 2 and max(turn_lengths) == 9
+    assert any(e.token_ids[t.span[1] - 1] == tok.eos_token_id for e in seq for t in e.turns)
+    assert {e.verified for e in seq} == {True, False}
+
+
+def test_batched_with_deep_copied_env_and_plain_model(policy):
+    env = ScriptedEnv(num_tasks=4, episode_steps=2, verify_every=2)
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=6)
+    seq = evaluate(policy, env, env.tasks(), cfg)
+    bat = evaluate(policy, env, env.tasks(), cfg, batch_size=4)
+    assert [_signature(e) for e in bat] == [_signature(e) for e in seq]
+
+
+def test_bad_batch_arguments(policy, scripted):
+    with pytest.raises(ValueError, match="batch_size"):
+        evaluate(policy, scripted, scripted.tasks(), RolloutConfig(), batch_size=0)
+    with pytest.raises(ValueError, match="contexts"):
+        evaluate(policy, scripted, scripted.tasks(), RolloutConfig(), ["a"])
