@@ -15,7 +15,7 @@ install: $(VENV_STAMP)
 
 # Main job: ASCENT with the embedded SmolLM2-135M on a short TextCraft stream.
 demo: $(VENV_STAMP)
-	$(PY) train.py fit --config configs/textcraft/ascent.yaml
+	$(PY) train.py fit --config configs/textcraft/ascent.yaml --data.num_tasks 5 --model.rollout.max_turns 8
 
 # Everything CI runs: fast tests, then the slow ones (real SmolLM2, real environments).
 # (pytest exits 5 when a selection is empty: not a failure here)
