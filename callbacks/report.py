@@ -43,7 +43,8 @@ class StreamReport(L.Callback):
                 f"[task {rec['task_index']:4d}] {rec['task_id']}: "
                 f"{'SOLVED' if rec['verified'] else 'failed'} in {rec['turns']} turns, "
                 f"{rec['invalid']} invalid, {rec['updates']} updates "
-                f"(rollout {t.get('rollout_s', 0):.1f}s, update {stats.get('perf/update_s', 0):.1f}s)"
+                f"(rollout {t.get('rollout_s', 0):.1f}s = model {t.get('model_s', 0):.1f}s + env "
+                f"{t.get('env_s', 0):.1f}s, update {stats.get('perf/update_s', 0):.1f}s)"
             )
 
     def state_dict(self) -> dict:

@@ -213,6 +213,7 @@ class EpisodeRun:
         self.stop_ids = {tokenizer.eos_token_id} - {None}
         self.should_stop = _action_line_done(tokenizer) if cfg.stop_after_action else None
         self.gen_tokens, self.ended, self.over = 0, False, False
+        self.env_s = time.perf_counter() - self.t0  # reset (and prompt rendering) so far
 
     def budget(self) -> int:
         """Tokens the next turn may generate; 0 when the episode is over."""
@@ -233,7 +234,9 @@ class EpisodeRun:
         _append(ep, gen, ROLE_ASSISTANT, t)
         text = self.tokenizer.decode(gen, skip_special_tokens=True)
         action = parse_action(text)
+        t0 = time.perf_counter()
         result, error = safe_step(self.env, action)
+        self.env_s += time.perf_counter() - t0
         ep.turns.append(Turn(t, text, action, result.observation, result.valid, (start, len(ep.token_ids))))
         if error:
             ep.error = error
@@ -254,8 +257,9 @@ class EpisodeRun:
         if not self.ended and ep.error is None:
             ep.verified = bool(self.env.verify_at_end())
         dt = time.perf_counter() - self.t0
-        ep.timings.update(rollout_s=dt, generated_tokens=self.gen_tokens,
-                          tokens_per_s=self.gen_tokens / max(dt, 1e-9))
+        model_s = max(dt - self.env_s, 1e-9)
+        ep.timings.update(rollout_s=dt, env_s=self.env_s, model_s=model_s, generated_tokens=self.gen_tokens,
+                          tokens_per_s=self.gen_tokens / model_s)
         return ep
 
 
