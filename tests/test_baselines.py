@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from lit_ascent.objectives import TTOPSD, Distillation, Imitation, Reinforce, ReinforcePP
-from lit_ascent.rollout import chat_prompt_ids
-from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, Episode, Task, Turn
+from lit_ascent.trajectory import Episode
+from tests.conftest import hand_episode
 
 TEXTS = ["Thought: alpha first.\nAction: take alpha", "Thought: bravo next.\nAction: craft bravo",
          "Thought: charlie last.\nAction: get charlie"]
@@ -15,24 +15,7 @@ TEXTS = ["Thought: alpha first.\nAction: take alpha", "Thought: bravo next.\nAct
 
 def make_episode(tokenizer, texts=TEXTS, verified=True) -> Episode:
     """A hand-built episode: prompt, then per turn the assistant text and an observation."""
-    ep = Episode(task=Task("scripted", "t"), system="SYS", first_observation="Goal: x")
-    prompt = chat_prompt_ids(tokenizer, ep.system, ep.first_observation)
-    ep.token_ids, ep.roles, ep.turn_ids = list(prompt), [0] * len(prompt), [-1] * len(prompt)
-    ep.prompt_len = len(prompt)
-    for t, text in enumerate(texts):
-        ids = tokenizer(text + "<|im_end|>", add_special_tokens=False).input_ids
-        start = len(ep.token_ids)
-        ep.token_ids += ids
-        ep.roles += [ROLE_ASSISTANT] * len(ids)
-        ep.turn_ids += [t] * len(ids)
-        ep.turns.append(Turn(t, text, text.split("Action: ")[1], f"obs {t}", True, (start, len(ep.token_ids))))
-        obs = tokenizer(f"\n<|im_start|>user\nobs {t}<|im_end|>\n<|im_start|>assistant\n",
-                        add_special_tokens=False).input_ids
-        ep.token_ids += obs
-        ep.roles += [ROLE_OBSERVATION] * len(obs)
-        ep.turn_ids += [t] * len(obs)
-    ep.verified = verified
-    return ep
+    return hand_episode(tokenizer, texts, verified=verified)
 
 
 def perturb_adapter(policy, scale: float = 0.5) -> None:

@@ -6,32 +6,14 @@ import torch
 
 from lit_ascent.objectives import Distillation
 from lit_ascent.privileged import render_privileged, teacher_sequence
-from lit_ascent.trajectory import ROLE_ASSISTANT, Episode, Task, Turn, target_positions
-from tests.conftest import TINY  # noqa: F401  (fixtures)
+from lit_ascent.trajectory import ROLE_ASSISTANT, Episode, Turn, target_positions
+from tests.conftest import hand_episode
 
 
 def _episode(tokenizer) -> Episode:
     """A hand-built two-turn episode: turn 0 invalid, turn 1 valid."""
-    from lit_ascent.rollout import chat_prompt_ids
-
-    ep = Episode(task=Task("scripted", "t"), system="SYS", first_observation="Goal: x")
-    prompt = chat_prompt_ids(tokenizer, ep.system, ep.first_observation)
-    ep.token_ids, ep.roles, ep.turn_ids = list(prompt), [0] * len(prompt), [-1] * len(prompt)
-    ep.prompt_len = len(prompt)
     texts = ["Thought: try.\nAction: bad move", "Thought: now.\nAction: good move"]
-    for t, text in enumerate(texts):
-        ids = tokenizer(text + "<|im_end|>", add_special_tokens=False).input_ids
-        start = len(ep.token_ids)
-        ep.token_ids += ids
-        ep.roles += [ROLE_ASSISTANT] * len(ids)
-        ep.turn_ids += [t] * len(ids)
-        ep.turns.append(Turn(t, text, text.split("Action: ")[1], "obs", t == 1, (start, len(ep.token_ids))))
-        obs = tokenizer("\n<|im_start|>user\nobs<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).input_ids
-        ep.token_ids += obs
-        ep.roles += [2] * len(obs)
-        ep.turn_ids += [t] * len(obs)
-    ep.verified = True
-    return ep
+    return hand_episode(tokenizer, texts, valid=[False, True], observation=lambda t: "obs")
 
 
 @pytest.mark.parametrize("content", ["actions", "reasoning_actions", "full"])

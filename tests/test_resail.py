@@ -5,36 +5,19 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lit_ascent.envs.base import parse_action
 from lit_ascent.objectives import Distillation, ReSAIL
 from lit_ascent.objectives.losses import pi_sensitivity
-from lit_ascent.rollout import chat_prompt_ids
-from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
-
-
-
+from lit_ascent.trajectory import Episode
+from tests.conftest import hand_episode
 
 PI = "Hindsight: a verified successful attempt.\nStep 1:\nThought: open the box first.\nAction: open box"
 
 
 def make_episode(tok, k: int, num_turns: int) -> Episode:
     """A verified episode with ``num_turns`` hand-written turns (no generation: fast, controlled)."""
-    ep = Episode(task=Task("scripted", f"task-{k}"), system="Solve the task.", first_observation=f"Goal {k}.",
-                 verified=True)
-
-    def append(ids, role, turn):
-        ep.token_ids.extend(ids), ep.roles.extend([role] * len(ids)), ep.turn_ids.extend([turn] * len(ids))
-
-    append(chat_prompt_ids(tok, ep.system, ep.first_observation), ROLE_PROMPT, -1)
-    ep.prompt_len = len(ep.token_ids)
-    for t in range(num_turns):
-        text = f"Thought: step {t} of {k}.\nAction: do {k}-{t}\n"
-        start = len(ep.token_ids)
-        append(tok(text, add_special_tokens=False).input_ids + [tok.eos_token_id], ROLE_ASSISTANT, t)
-        ep.turns.append(Turn(t, text, parse_action(text), "ok", True, (start, len(ep.token_ids))))
-        append(tok("\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n",
-                   add_special_tokens=False).input_ids, ROLE_OBSERVATION, t)
-    return ep
+    texts = [f"Thought: step {t} of {k}.\nAction: do {k}-{t}\n" for t in range(num_turns)]
+    return hand_episode(tok, texts, task_id=f"task-{k}", system="Solve the task.", first=f"Goal {k}.",
+                        observation=lambda t: "ok")
 
 
 def grads(policy, loss) -> torch.Tensor:
