@@ -14,7 +14,8 @@ import pytest
 from lit_ascent.demos import load_done, write_demos
 from lit_ascent.demos import main as demos_main
 from lit_ascent.envs import alfworld as alf
-from lit_ascent.envs.alfworld import ALFWorldEnv, balanced_order, preserved_argv, resolve_data_root
+from datamodules import stream_order
+from lit_ascent.envs.alfworld import ALFWorldEnv, preserved_argv, resolve_data_root
 from lit_ascent.envs.base import parse_action
 from lit_ascent.trajectory import Task
 
@@ -106,13 +107,14 @@ def test_split_counts_and_families(split):
     assert all(i.startswith(f"json_2.1.1/{split}/") and i.endswith("/game.tw-pddl") for i in ids)
 
 
-def test_balanced_order_interleaves_families():
+def test_family_balanced_stream_interleaves_families():
     tasks = [Task("alfworld", f"{fam}-{k}", meta=(("family", fam),)) for fam, n in (("a", 6), ("b", 3), ("c", 3))
              for k in range(n)]
-    order = balanced_order(tasks, seed=1)
+    order = stream_order(tasks, seed=1, balance_by="family")
     assert sorted(t.task_id for t in order) == sorted(t.task_id for t in tasks)
     assert Counter(t.info()["family"] for t in order[:9]) == {"a": 3, "b": 3, "c": 3}
-    assert order == balanced_order(tasks, seed=1) and order != balanced_order(tasks, seed=2)
+    assert order == stream_order(tasks, seed=1, balance_by="family")
+    assert order != stream_order(tasks, seed=2, balance_by="family")
 
 
 # -- playing ------------------------------------------------------------------------

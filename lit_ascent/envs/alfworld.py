@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from lit_ascent.envs.base import StepResult, TextEnv
 from lit_ascent.trajectory import Task
@@ -110,28 +109,6 @@ def collect_games(root: Path, split: str) -> list[Path]:
                 continue
         games.append(game_file)
     return games
-
-
-def balanced_order(tasks: list[Task], seed: int) -> list[Task]:
-    """Interleave families round-robin (seeded order inside and across families).
-
-    Every prefix is as family-balanced as the family sizes allow; the result is a
-    permutation of ``tasks``.
-    """
-    rng = random.Random(seed)
-    by_family: dict[Any, list[Task]] = {}
-    for task in tasks:
-        by_family.setdefault(task.info().get("family"), []).append(task)
-    queues = [by_family[k] for k in sorted(by_family, key=str)]
-    for queue in queues:
-        rng.shuffle(queue)
-    rng.shuffle(queues)
-    order = []
-    while any(queues):
-        for queue in queues:
-            if queue:
-                order.append(queue.pop())
-    return order
 
 
 def clean_intro(text: str) -> str:
