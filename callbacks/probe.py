@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from callbacks.gate import EpisodeCallback
-from callbacks.transfer import record_metrics
+from callbacks.transfer import PeriodicEval
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.evaluate import evaluate, outcome_rates
 from lit_ascent.privileged import PI_CONTENTS, render_actions, render_privileged
@@ -38,7 +38,7 @@ def load_demonstrations(path: str | Path, env_name: str, limit: int) -> list[tup
     return probe
 
 
-class PIProbe(EpisodeCallback):
+class PIProbe(PeriodicEval, EpisodeCallback):
     """Every k tasks (and at the end), run the current model on the probe tasks with and
     without their PI; logs ``probe/pi_success``, ``probe/plain_success``, ``probe/size``.
 
@@ -67,11 +67,9 @@ class PIProbe(EpisodeCallback):
             raise ValueError(f"probe.pi_content must be one of {PI_CONTENTS}, got {pi_content!r}")
         if demonstrations and not Path(demonstrations).is_file():
             raise ValueError(f"probe.demonstrations: no file at {demonstrations!r}")
-        self.every_n_tasks, self.num_tasks, self.demonstrations = every_n_tasks, num_tasks, demonstrations
-        self.pi_content, self.env, self.filename = pi_content, env, filename
+        super().__init__(every_n_tasks, filename)
+        self.num_tasks, self.demonstrations, self.pi_content, self.env = num_tasks, demonstrations, pi_content, env
         self.probe: list[tuple[Task, str]] = []
-        self.history: list[dict] = []
-        self._tasks_seen, self._last_step = 0, -1
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.env is None:  # copied before the stream touches it: a clean, separate instance
@@ -84,27 +82,15 @@ class PIProbe(EpisodeCallback):
             return
         self.probe.append((episode.task, render_privileged(episode.turns, self.pi_content, valid_only=True)))
 
-    def run(self, trainer, pl_module) -> dict[str, float] | None:
-        if not self.probe or self._last_step == self._tasks_seen:
+    def measure(self, trainer, pl_module) -> dict[str, float] | None:
+        if not self.probe:
             return None
         tasks, texts = [t for t, _ in self.probe], [z for _, z in self.probe]
         policy, cfg = pl_module.policy, pl_module.rollout_cfg
         with_pi = outcome_rates(evaluate(policy, self.env, tasks, cfg, texts))
         plain = outcome_rates(evaluate(policy, self.env, tasks, cfg))
-        metrics = {"probe/pi_success": with_pi["success_rate"], "probe/plain_success": plain["success_rate"],
-                   "probe/size": float(len(tasks))}
-        record_metrics(trainer, metrics, self._tasks_seen, self.filename)
-        self.history.append(metrics)
-        self._last_step = self._tasks_seen
-        return metrics
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._tasks_seen = batch[0].index + 1
-        if self.every_n_tasks and self._tasks_seen % self.every_n_tasks == 0:
-            self.run(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.run(trainer, pl_module)
+        return {"probe/pi_success": with_pi["success_rate"], "probe/plain_success": plain["success_rate"],
+                "probe/size": float(len(tasks))}
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self.env is not None:

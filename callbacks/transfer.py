@@ -35,7 +35,40 @@ def record_metrics(trainer, metrics: dict[str, float], step: int, filename: str 
             f.write(json.dumps({"tasks_seen": step, **metrics}) + "\n")
 
 
-class TransferEval(L.Callback):
+class PeriodicEval(L.Callback):
+    """Runs ``measure`` every ``every_n_tasks`` stream tasks and at the end (once per point),
+    and records its metrics to the loggers and ``filename``."""
+
+    def __init__(self, every_n_tasks: int, filename: str | None):
+        self.every_n_tasks, self.filename = every_n_tasks, filename
+        self.history: list[dict] = []
+        self._tasks_seen, self._last_step = 0, -1
+
+    def measure(self, trainer, pl_module) -> dict[str, float] | None:
+        raise NotImplementedError(f"{type(self).__name__} must implement measure()")
+
+    def evaluate(self, trainer, pl_module) -> dict[str, float] | None:
+        if self._last_step == self._tasks_seen:  # already done at this point of the stream
+            return self.history[-1] if self.history else None
+        metrics = self.measure(trainer, pl_module)
+        if metrics is None:
+            return None
+        record_metrics(trainer, metrics, self._tasks_seen, self.filename)
+        self.history.append(metrics)
+        self._last_step = self._tasks_seen
+        return metrics
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._tasks_seen = batch[0].index + 1
+        k = self.every_n_tasks
+        if k and self._tasks_seen % k == 0:
+            self.evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.evaluate(trainer, pl_module)
+
+
+class TransferEval(PeriodicEval):
     """Every k tasks and at the end of the stream, evaluate the adapter as it is (no
     updates, no copy) on a fixed subset of its own env, e.g. ALFWorld valid_unseen.
 
@@ -56,35 +89,17 @@ class TransferEval(L.Callback):
             raise ValueError(f"transfer.every_n_tasks must be >= 0, got {every_n_tasks}")
         if num_tasks is not None and num_tasks < 1:
             raise ValueError(f"transfer.num_tasks must be >= 1 or null, got {num_tasks}")
-        self.env, self.every_n_tasks, self.num_tasks, self.seed = env, every_n_tasks, num_tasks, seed
-        self.filename = filename
+        super().__init__(every_n_tasks, filename)
+        self.env, self.num_tasks, self.seed = env, num_tasks, seed
         self.tasks: list[Task] = []
-        self.history: list[dict] = []
-        self._tasks_seen = 0
-        self._last_step = -1
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.tasks:
             self.tasks = fixed_tasks(self.env, self.num_tasks, self.seed)
 
-    def evaluate(self, trainer, pl_module) -> dict[str, float]:
-        if self._last_step == self._tasks_seen:  # already done at this point of the stream
-            return self.history[-1]
+    def measure(self, trainer, pl_module) -> dict[str, float]:
         episodes = evaluate(pl_module.policy, self.env, self.tasks, pl_module.rollout_cfg)
-        metrics = {f"transfer/{k}": v for k, v in outcome_rates(episodes).items()}
-        record_metrics(trainer, metrics, self._tasks_seen, self.filename)
-        self.history.append(metrics)
-        self._last_step = self._tasks_seen
-        return metrics
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._tasks_seen = batch[0].index + 1
-        k = self.every_n_tasks
-        if k and self._tasks_seen % k == 0:
-            self.evaluate(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.evaluate(trainer, pl_module)
+        return {f"transfer/{k}": v for k, v in outcome_rates(episodes).items()}
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self.env.close()
