@@ -111,12 +111,16 @@ class EvalArgs:
     """TextCraft goal depths."""
     split: str | None = None
     """Evaluation split (default: eval for textcraft, valid_seen for alfworld)."""
+    max_distractors: int = 10
+    """TextCraft: most unneeded crafting commands shown (the stream config's data.env value)."""
     seed: int = 0
     """Seed of the task order (0 = the stream's order with data.seed 0)."""
     max_turns: int = 30
     """Turn budget per episode."""
-    max_new_tokens: int = 96
-    """Token budget per assistant turn."""
+    max_new_tokens: int = 128
+    """Token budget per assistant turn (configs/textcraft/ascent.yaml uses 128)."""
+    batch_size: int = 1
+    """Episodes decoded together (1: sequential, the stream's exact decoding)."""
     model: str = EMBEDDED
     """Base model (ModelConfig name_or_path)."""
     dtype: str = "auto"
@@ -131,6 +135,10 @@ class EvalArgs:
         if self.adapter is not None and not Path(self.adapter).is_dir():
             raise ValueError(f"--adapter: no adapter folder at {self.adapter!r}")
         RolloutConfig(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens)
+        if self.max_distractors < 0:
+            raise ValueError(f"--max-distractors must be >= 0, got {self.max_distractors}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
 
     def modes(self) -> list[str]:
         return ["plain"] + ["hindsight"] * self.hindsight + ["control"] * self.control
@@ -222,7 +230,7 @@ def run_eval(args: EvalArgs) -> dict:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy = load_policy(ModelConfig(name_or_path=args.model, dtype=args.dtype, warm_start_adapter=args.adapter), device)
-    env, tasks, reference = evaluation_source(args.env, args.depths, args.split)
+    env, tasks, reference = evaluation_source(args.env, args.depths, args.split, args.max_distractors)
     tasks = eval_tasks(tasks, args.num_tasks, args.seed)
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     path = args.output_path()
@@ -234,7 +242,7 @@ def run_eval(args: EvalArgs) -> dict:
         path.write_text(json.dumps(report, indent=2) + "\n")
         return report
 
-    rows = evaluate_modes(policy, env, tasks, cfg, args.modes(), reference, on_row=save)
+    rows = evaluate_modes(policy, env, tasks, cfg, args.modes(), reference, on_row=save, batch_size=args.batch_size)
     report = save(rows)
     print(markdown_table(rows))
     print(json.dumps({m: {k: v for k, v in r.items() if k != "episodes"} for m, r in rows.items()}))

@@ -62,7 +62,8 @@ def control_contexts(tasks: list[Task], contexts: list[str]) -> list[str]:
 
 def evaluate_modes(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig, modes: list[str],
                    script_fn: Callable[[Task, int], Script],
-                   on_row: Callable[[dict[str, dict]], None] | None = None) -> dict[str, dict]:
+                   on_row: Callable[[dict[str, dict]], None] | None = None,
+                   batch_size: int = 1) -> dict[str, dict]:
     """{mode: success_rate, invalid_rate, turns, tasks, ...} for each requested mode;
     ``on_row(rows so far)`` runs after each mode (e.g. to save partial results of a long run)."""
     unknown = set(modes) - set(EVAL_MODES)
@@ -72,7 +73,7 @@ def evaluate_modes(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig, 
     contexts = {"plain": None, "hindsight": pi, "control": control_contexts(tasks, pi) if "control" in modes else []}
     rows = {}
     for mode in modes:
-        episodes = evaluate(policy, env, tasks, cfg, contexts[mode])
+        episodes = evaluate(policy, env, tasks, cfg, contexts[mode], batch_size=batch_size)
         rows[mode] = {**outcome_rates(episodes), "tasks": len(episodes),
                       "generated_tokens": sum(int(e.timings.get("generated_tokens", 0)) for e in episodes),
                       "rollout_s": round(sum(e.timings.get("rollout_s", 0.0) for e in episodes), 2),

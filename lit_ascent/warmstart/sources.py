@@ -73,13 +73,14 @@ def training_source(env: str, depths: list[int], seed: int, demos_jsonl: str | N
     raise ValueError(f"--env must be one of {ENVS}, got {env!r}")
 
 
-def evaluation_source(env: str, depths: list[int], split: str | None) -> tuple[TextEnv, list[Task], Callable]:
-    """(env, all evaluation tasks, reference script of a task)."""
+def evaluation_source(env: str, depths: list[int], split: str | None,
+                      max_distractors: int = 10) -> tuple[TextEnv, list[Task], Callable]:
+    """(env, all evaluation tasks, reference script of a task); ``max_distractors`` is TextCraft's."""
     if env == "textcraft":
         from lit_ascent.envs.textcraft import TextCraftEnv
         from lit_ascent.warmstart.textcraft_demos import TextCraftScripts
 
-        tc = TextCraftEnv(depths=depths, split=split or "eval")
+        tc = TextCraftEnv(depths=depths, split=split or "eval", max_distractors=max_distractors)
         return tc, tc.tasks(), TextCraftScripts(tc).plain
     if env == "alfworld":
         from lit_ascent.warmstart.alfworld_demos import (

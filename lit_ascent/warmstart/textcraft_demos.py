@@ -59,8 +59,22 @@ def _ingredients(step: Step) -> str:
     return " and ".join(f"{n} {name}" for n, name in step.inputs)
 
 
+def plan_summary(goal: str, steps: list[Step]) -> str:
+    """The first turn's plan, copied from the observation: the goal's crafting command,
+    the commands that make its ingredients, and the base items to get."""
+    commands = list(dict.fromkeys(s.action for s in steps if s.verb == "craft"))
+    gets = ", ".join(f"{s.count} {s.item}" for s in steps if s.verb == "get")
+    parts = [f'The {goal} is made by "{commands[-1]}".'] if commands else []
+    if len(commands) > 1:
+        parts.append("Its ingredients: " + "; ".join(f'"{c}"' for c in commands[:-1]) + ".")
+    if gets:
+        parts.append(f"Base items to get: {gets}.")
+    return " ".join(parts)
+
+
 def plan_thoughts(goal: str, steps: list[Step]) -> list[str]:
-    """One short thought per planned step (no "Thought:" prefix)."""
+    """One short thought per planned step (no "Thought:" prefix); the first one states the
+    plan, each craft quotes the command it runs, so every action copies text already in context."""
     totals = Counter(s.action for s in steps)
     seen: Counter = Counter()
     thoughts = []
@@ -68,14 +82,13 @@ def plan_thoughts(goal: str, steps: list[Step]) -> list[str]:
         seen[s.action] += 1
         use = _user(steps, s.item, t, goal)
         if s.verb == "get":
-            lead = f"The {goal} needs base items first. " if t == 0 else ""
-            thoughts.append(f"{lead}I need {s.count} {s.item} for the {use}; get them.")
+            thought = f"Get {s.count} {s.item} for the {use}."
         elif s.item == goal:
-            thoughts.append(f"I have {_ingredients(s)}; craft the {goal}.")
-        elif totals[s.action] > 1:
-            thoughts.append(f"The {use} needs more {s.item}; craft batch {seen[s.action]} of {totals[s.action]}.")
+            thought = f'I have {_ingredients(s)}; run the goal command "{s.action}".'
         else:
-            thoughts.append(f"Craft {s.count} {s.item} from {_ingredients(s)} for the {use}.")
+            batch = f", batch {seen[s.action]} of {totals[s.action]}" if totals[s.action] > 1 else ""
+            thought = f'Run "{s.action}" for the {use}{batch}.'
+        thoughts.append(f"{plan_summary(goal, steps)} {thought}" if t == 0 else thought)
     return thoughts
 
 
@@ -140,7 +153,8 @@ class TextCraftScripts:
             return None
         crafted = _error_item(error, steps[c].item)
         fix = f"Not enough items for the {crafted}: I must get the base items first; {_first_get_fix(steps)}."
-        return Script([texts[c], react(fix, steps[0].action), *texts[1:]], (0,), (0,))
+        wrong = react(f"{plan_summary(goal, steps)} {_thought(texts[c])}", steps[c].action)
+        return Script([wrong, react(fix, steps[0].action), *texts[1:]], (0,), (0,))
 
     def _get_craftable(self, task, goal, steps, texts) -> Script | None:
         """Turn 0 tries to get an intermediate item, which only a craft makes."""
@@ -148,7 +162,7 @@ class TextCraftScripts:
         if c is None or steps[0].verb != "get":
             return None
         s = steps[c]
-        wrong = react(f"I need {s.count} {s.item} for the {_user(steps, s.item, c, goal)}; get them.",
+        wrong = react(f"{plan_summary(goal, steps)} Get {s.count} {s.item} for the {_user(steps, s.item, c, goal)}.",
                       f"get {s.count} {s.item}")
         (error, valid), = _dry_run(self.env, task, [f"get {s.count} {s.item}"])
         if valid:
@@ -171,7 +185,7 @@ class TextCraftScripts:
         else:
             return None
         fix = f"{_reason(error)}; use the command exactly as written: {s.count} {s.item} from {_ingredients(s)}."
-        wrong = react(texts[c].split("\n", 1)[0].removeprefix("Thought: "), wrong_action)
+        wrong = react(_thought(texts[c]), wrong_action)
         return Script([*texts[:c], wrong, react(fix, s.action), *texts[c + 1:]], (c,), (c,))
 
     def _short_get(self, task, goal, steps, texts) -> Script | None:
@@ -187,12 +201,17 @@ class TextCraftScripts:
         if f is None or steps[f].verb != "craft":
             return None
         error = seen[f][0]
-        wrong = react(texts[g].split("\n", 1)[0].removeprefix("Thought: "), short)
+        wrong = react(_thought(texts[g]), short)
         fix = f"Not enough items for the {_error_item(error, steps[f].item)}: too few {s.item}; get 1 more."
         retry = f"Now I have the {s.item}; craft the {steps[f].item} again."
         out = [*texts[:g], wrong, *texts[g + 1:f + 1], react(fix, f"get 1 {s.item}"),
                react(retry, steps[f].action), *texts[f + 1:]]
         return Script(out, (g, f), (f,))
+
+
+def _thought(text: str) -> str:
+    """The thought of a ReAct turn, without its prefix."""
+    return text.split("\n", 1)[0].removeprefix("Thought: ")
 
 
 def _miscounted(step: Step, flip: bool) -> list[str]:
