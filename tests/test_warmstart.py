@@ -300,7 +300,8 @@ def test_committed_reference_adapter_reproduces_its_reported_base_success():
     solved = sorted((i for i, e in enumerate(recorded) if e["verified"]), key=lambda i: recorded[i]["turns"])[:2]
     failed = [i for i, e in enumerate(recorded) if not e["verified"]][:1]
     assert len(solved) == 2 and len(failed) == 1, "the report must hold 2 solved and 1 failed plain episode"
-    env, tasks, _ = evaluation_source("textcraft", args["depths"], args["split"], args["max_distractors"])
+    env, tasks, _ = evaluation_source("textcraft", args["depths"], args["split"],
+                                      args.get("max_distractors", 10))  # the report predates the option: 10
     tasks = eval_tasks(tasks, args["num_tasks"], args["seed"])
     picked = solved + failed
     policy = load_policy(ModelConfig(name_or_path=EMBEDDED, warm_start_adapter=str(root / args["adapter"])), "cpu")
