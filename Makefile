@@ -13,7 +13,7 @@ $(VENV_STAMP): requirements.txt
 
 install: $(VENV_STAMP)
 
-# Main job: ASCENT with the embedded SmolLM2-135M on a short TextCraft stream.
+# Main job: ASCENT with the embedded SmolLM2-135M (+ adapters/textcraft-ref, the reference base) on a short TextCraft stream.
 demo: $(VENV_STAMP)
 	$(PY) train.py fit --config configs/textcraft/ascent.yaml --data.num_tasks 5 --model.rollout.max_turns 8
 
