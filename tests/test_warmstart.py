@@ -220,6 +220,8 @@ def test_reference_and_control_contexts(tokenizer):
     (["--out", "x", "--dtype", "fp8"], "--dtype"),
     (["eval", "--num-tasks", "1", "--control"], "--num-tasks"),
     (["eval", "--adapter", "/no/such/dir"], "--adapter"),
+    (["eval", "--batch-size", "0"], "--batch-size"),
+    (["eval", "--max-distractors", "-1"], "--max-distractors"),
 ])
 def test_bad_arguments_fail_naming_the_argument(argv, name, capsys):
     with pytest.raises(SystemExit):
