@@ -22,6 +22,8 @@ from lit_ascent.warmstart import (
 )
 from lit_ascent.warmstart.alfworld_demos import (
     early_action_points,
+    receptacles,
+    search_points,
     load_records,
     plain_texts,
     require_alfworld,
@@ -241,6 +243,16 @@ def test_alfworld_templates_and_recovery_points():
     assert [t.split("\nAction: ")[1] for t in texts] == actions
     assert early_action_points(actions) == [0, 2, 4]
     assert early_action_points(["go to desk 1", "use desklamp 1"]) == []
+    assert search_points(actions) == [0]
+    assert search_points(["go to desk 1", "take pen 1 from drawer 1"]) == []
+    assert search_points(["go to drawer 1", "open drawer 1", "take pen 1 from drawer 1"]) == [0]
+
+
+def test_alfworld_receptacles_from_the_first_observation():
+    first = ("You are in the middle of a room. Looking quickly around you, you see a bed 1, a drawer 2, "
+             "an armchair 1, and a sidetable 1.\n\nYour task is to: look at book under the desklamp.")
+    assert receptacles(first) == ["bed 1", "drawer 2", "armchair 1", "sidetable 1"]
+    assert receptacles("Nothing happens.") == []
 
 
 def test_alfworld_demos_refuse_evaluation_games(tmp_path):
@@ -271,13 +283,17 @@ def test_alfworld_demos_from_cached_planner_jsonl(tokenizer):
     if not os.path.exists(path):
         pytest.skip(f"no planner demos at {path}")
     source = training_source("alfworld", [2], 0, path)
-    demos, stats = build_demos(tokenizer, source.env, source.tasks, {"plain": 2, "recovery": 2, "hindsight": 1},
+    demos, stats = build_demos(tokenizer, source.env, source.tasks, {"plain": 2, "recovery": 3, "hindsight": 1},
                                source.scripts)
-    assert stats.kept == {"plain": 2, "recovery": 2, "hindsight": 1}
+    assert stats.kept == {"plain": 2, "recovery": 3, "hindsight": 1}
     for d in demos:
         assert d.episode.verified
-        assert d.episode.num_invalid == (1 if d.kind == "recovery" else 0)
-    assert {d.error_kind for d in demos if d.kind == "recovery"} == {"early_action", "wrong_object"}
+        assert d.episode.num_invalid == (1 if d.error_kind in ("early_action", "wrong_object") else 0)
+    assert {d.error_kind for d in demos if d.kind == "recovery"} == {"early_action", "wrong_object", "wrong_place"}
+    detour = next(d for d in demos if d.error_kind == "wrong_place")
+    j = detour.mistake_turns[0]
+    searched = detour.episode.turns[j + 1].text.split("No ")[1].split(" at the ")[0]
+    assert searched not in detour.episode.turns[j].observation  # the reply the fix reads lacks the object
     for bad in (t for d in demos if d.kind == "recovery" for t in d.episode.turns if not t.valid):
         assert bad.observation.strip() == "Nothing happens."
 

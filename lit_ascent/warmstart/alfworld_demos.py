@@ -5,7 +5,10 @@ the planner's actions. Recovery kinds (alternating): ``early_action``, an action
 that needs the agent at a receptacle (take / put / open / clean / heat / cool ... Y)
 tried one step early, before "go to Y"; ``wrong_object``, a take with a wrong
 object number. The engine replies "Nothing happens."; the next thought uses that
-reply and the correct action follows.
+reply and the correct action follows. A third kind, ``wrong_place``, teaches search:
+the planner always walks straight to the object, so a detour to another receptacle
+(a valid move whose reply does not show the object) is inserted before the right
+"go to"; the next thought reads the reply ("No apple at the ...") and moves on.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ _APPLY_RE = re.compile(r"^(clean|heat|cool) (.+?) with (.+)$")
 _OPEN_RE = re.compile(r"^(open|close) (.+)$")
 _USE_RE = re.compile(r"^use (.+)$")
 _NUMBERED = re.compile(r"^(.+) (\d+)$")
+_ROOM_RE = re.compile(r"you see (.+?)\.\s*$", re.MULTILINE)
 
 
 def require_alfworld() -> None:
@@ -114,6 +118,26 @@ def plain_texts(goal: str, actions: list[str]) -> list[str]:
     return texts
 
 
+def receptacles(first_observation: str) -> list[str]:
+    """The receptacles the first observation lists ("you see a bed 1, a desk 1, and a safe 1.")."""
+    m = _ROOM_RE.search(first_observation)
+    if not m:
+        return []
+    items = [part.strip() for part in m[1].replace(", and ", ", ").split(", ")]
+    return [item[2:] if item.startswith("a ") else item[3:] if item.startswith("an ") else item for item in items]
+
+
+def search_points(actions: list[str]) -> list[int]:
+    """Turns k with actions[k] = "go to Y" followed by taking an object from Y (after "open Y" if closed)."""
+    points = []
+    for k, action in enumerate(actions[:-1]):
+        place = action[len("go to "):] if action.startswith("go to ") else None
+        nxt = actions[k + 2] if actions[k + 1] == f"open {place}" and k + 2 < len(actions) else actions[k + 1]
+        if place and (m := _TAKE_RE.match(nxt)) and m[2] == place:
+            points.append(k)
+    return points
+
+
 def early_action_points(actions: list[str]) -> list[int]:
     """Turns k with actions[k] = "go to Y" and actions[k+1] an action at Y (tried early: one mistake)."""
     return [k for k in range(len(actions) - 1)
@@ -134,7 +158,7 @@ class ALFWorldScripts:
 
     def recovery(self, task: Task, k: int) -> Script | None:
         """Recovery demo number ``k``: the kinds alternate, falling back to the other one."""
-        kinds = (self._early_action, self._wrong_object)
+        kinds = (self._early_action, self._wrong_object, self._wrong_place)
         for j in range(len(kinds)):
             script = kinds[(k + j) % len(kinds)](task, k)
             if script is not None:
@@ -177,6 +201,31 @@ class ALFWorldScripts:
             return None
         fix = f"{reply.observation.strip().rstrip('.')}: there is no {name} {int(number) + 1} here; take {m[1]}."
         return self._with_mistake(task, j, wrong, fix, actions[j:], "wrong_object")
+
+    def _wrong_place(self, task: Task, k: int) -> Script | None:
+        """Go to a receptacle that does not show the object first; the fix reads the reply and moves on."""
+        actions = self.actions[task.task_id]
+        points = search_points(actions)
+        visited = {a[len("go to "):] for a in actions if a.startswith("go to ")}
+        places = [p for p in receptacles(self.first.get(task.task_id, "")) if p not in visited]
+        if not points or not places:
+            return None
+        j = points[k % len(points)]
+        obj = _NUMBERED.sub(r"\1", next(m[1] for a in actions[j + 1:] if (m := _TAKE_RE.match(a))))
+        for step in range(len(places)):
+            place = places[(k + step) % len(places)]
+            reply = self._reply(task, actions[:j], f"go to {place}")
+            seen = reply.observation.lower()
+            if reply.valid and not reply.done and obj not in seen and "closed" not in seen:
+                break
+        else:
+            return None
+        target = actions[j][len("go to "):]
+        lead = f"My task is to {self._goal(task)}. " if j == 0 else ""
+        texts = plain_texts(self._goal(task), actions)
+        detour = react(f"{lead}The {obj} may be at the {place}; go there.", f"go to {place}")
+        fix = react(f"No {obj} at the {place}. The {obj} may be at the {target}; go there.", actions[j])
+        return Script([*texts[:j], detour, fix, *texts[j + 1:]], (j,), (), "wrong_place")
 
     def _with_mistake(self, task: Task, j: int, wrong: str, fix: str, rest: list[str], kind: str) -> Script:
         """Plain turns before ``j``, the wrong action, the fixing turn (``rest[0]``), then the plain rest."""
