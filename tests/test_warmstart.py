@@ -329,3 +329,15 @@ def test_committed_reference_adapter_reproduces_its_reported_base_success():
     agree = [e.verified == recorded[i]["verified"] for e, i in zip(episodes, picked)]
     assert sum(agree) >= 2, f"plain outcomes {[e.verified for e in episodes]} vs reported {[True, True, False]}"
     assert any(e.verified for e in episodes)  # the untrained model solves none of them
+
+
+def test_eval_tasks_are_the_streams_prefix():
+    from datamodules.stream import stream_order
+    from lit_ascent.trajectory import Task
+    from lit_ascent.warmstart.eval import eval_tasks
+
+    tasks = [Task("alfworld", f"g{i}", index=i, meta=(("family", "ab"[i % 2]),)) for i in range(12)]
+    balanced = eval_tasks(tasks, 4, seed=3, balance_by="family")
+    assert balanced == stream_order(tasks, 3, balance_by="family")[:4]
+    assert sorted(t.info()["family"] for t in balanced) == ["a", "a", "b", "b"]
+    assert eval_tasks(tasks, 5, seed=3) == stream_order(tasks, 3)[:5]

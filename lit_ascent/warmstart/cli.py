@@ -25,6 +25,8 @@ from lit_ascent.warmstart.sources import ENVS
 
 log = logging.getLogger("lit_ascent.warmstart")
 DTYPES = ("auto", "bfloat16", "float32", "float16")
+STREAM_BALANCE = {"textcraft": None, "alfworld": "family"}
+"""The streams' ``data.balance_by`` (configs/textcraft/ascent.yaml, configs/alfworld/ascent.yaml)."""
 
 
 def _check_common(env: str, dtype: str) -> None:
@@ -102,7 +104,7 @@ class EvalArgs:
     env: str = "textcraft"
     """textcraft | alfworld."""
     num_tasks: int = 30
-    """Evaluation tasks (first of a seeded shuffle of the evaluation split)."""
+    """Evaluation tasks: the first of the stream's order (family-balanced for ALFWorld)."""
     hindsight: bool = False
     """Also evaluate with the same task's verified trajectory in the prompt."""
     control: bool = False
@@ -231,7 +233,7 @@ def run_eval(args: EvalArgs) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy = load_policy(ModelConfig(name_or_path=args.model, dtype=args.dtype, warm_start_adapter=args.adapter), device)
     env, tasks, reference = evaluation_source(args.env, args.depths, args.split, args.max_distractors)
-    tasks = eval_tasks(tasks, args.num_tasks, args.seed)
+    tasks = eval_tasks(tasks, args.num_tasks, args.seed, STREAM_BALANCE[args.env])
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     path = args.output_path()
     path.parent.mkdir(parents=True, exist_ok=True)

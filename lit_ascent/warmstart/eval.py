@@ -8,9 +8,9 @@
 """
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
+from datamodules.stream import stream_order
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.evaluate import evaluate, outcome_rates
 from lit_ascent.rollout import RolloutConfig
@@ -20,11 +20,10 @@ from lit_ascent.warmstart.demos import Script, check_replay, privileged_block
 EVAL_MODES = ("plain", "hindsight", "control")
 
 
-def eval_tasks(tasks: list[Task], num_tasks: int, seed: int) -> list[Task]:
-    """The first ``num_tasks`` of a seeded shuffle (the stream's order for the same seed)."""
-    order = list(tasks)
-    random.Random(seed).shuffle(order)
-    return order[:num_tasks]
+def eval_tasks(tasks: list[Task], num_tasks: int, seed: int, balance_by: str | None = None) -> list[Task]:
+    """The first ``num_tasks`` of the stream's order for the same seed (``balance_by``: the
+    stream's ``data.balance_by``, e.g. ``family`` for ALFWorld)."""
+    return stream_order(tasks, seed, balance_by=balance_by)[:num_tasks]
 
 
 def reference_contexts(tokenizer, env: TextEnv, tasks: list[Task],
