@@ -275,13 +275,22 @@ def test_alfworld_missing_fails_with_a_clear_message(monkeypatch):
 
 
 @pytest.mark.slow
-def test_alfworld_demos_from_cached_planner_jsonl(tokenizer):
-    """Needs ALFWorld and a planner JSONL at /tmp/alfdemos/valid_train.jsonl (python -m lit_ascent.demos)."""
+def test_alfworld_demos_from_cached_planner_jsonl(tokenizer, tmp_path):
+    """Real ALFWorld games: planner JSONL from $ALFWORLD_DEMOS, else the planner on the first 3 games."""
     import os
 
-    path = os.environ.get("ALFWORLD_DEMOS", "/tmp/alfdemos/valid_train.jsonl")
-    if not os.path.exists(path):
-        pytest.skip(f"no planner demos at {path}")
+    from lit_ascent.demos import write_demos
+
+    from lit_ascent.envs.alfworld import resolve_data_root
+
+    try:
+        resolve_data_root()
+    except FileNotFoundError as err:
+        pytest.skip(f"ALFWorld data not found ({err})")
+    path = os.environ.get("ALFWORLD_DEMOS")
+    if not path:
+        path = tmp_path / "valid_train.jsonl"
+        assert write_demos(path, limit=3, log=None) == 3
     source = training_source("alfworld", [2], 0, path)
     demos, stats = build_demos(tokenizer, source.env, source.tasks, {"plain": 2, "recovery": 3, "hindsight": 1},
                                source.scripts)
