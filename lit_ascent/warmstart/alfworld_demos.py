@@ -172,6 +172,20 @@ class ALFWorldScripts:
             self.env.step(a)
         return self.env.step(action)
 
+    def _place_without(self, task: Task, prefix: list[str], places: list[str], obj: str) -> str | None:
+        """The first of ``places`` whose "go to" reply is valid, open and does not show ``obj``.
+        One scratch episode (an ALFWorld reset costs seconds): "go to" only moves the agent, so
+        the reply at each place is the one the demo gets right after ``prefix``."""
+        self.env.reset(task)
+        for a in prefix:
+            self.env.step(a)
+        for place in places:
+            reply = self.env.step(f"go to {place}")
+            seen = reply.observation.lower()
+            if reply.valid and not reply.done and obj not in seen and "closed" not in seen:
+                return place
+        return None
+
     def _early_action(self, task: Task, k: int) -> Script | None:
         """Try the action at Y before "go to Y"; the fix goes there first."""
         actions = self.actions[task.task_id]
@@ -212,13 +226,8 @@ class ALFWorldScripts:
             return None
         j = points[k % len(points)]
         obj = _NUMBERED.sub(r"\1", next(m[1] for a in actions[j + 1:] if (m := _TAKE_RE.match(a))))
-        for step in range(len(places)):
-            place = places[(k + step) % len(places)]
-            reply = self._reply(task, actions[:j], f"go to {place}")
-            seen = reply.observation.lower()
-            if reply.valid and not reply.done and obj not in seen and "closed" not in seen:
-                break
-        else:
+        place = self._place_without(task, actions[:j], places[k % len(places):] + places[:k % len(places)], obj)
+        if place is None:
             return None
         target = actions[j][len("go to "):]
         lead = f"My task is to {self._goal(task)}. " if j == 0 else ""
