@@ -6,7 +6,6 @@ probe tracks it separately (METHOD.md section 3).
 """
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -56,7 +55,7 @@ class PIProbe(PeriodicEval, EpisodeCallback):
             num_tasks: Size of the probe set (>= 1).
             demonstrations: JSONL of {task_id | game, actions[, seed, won]}; None: the stream's verified episodes.
             pi_content: PI rendered from stream episodes: actions | reasoning_actions | full.
-            env: Env instance for the probe (None: a deep copy of the stream's env, made before use).
+            env: Env instance for the probe (None: ``fresh()`` of the stream's env, made before use).
             filename: JSONL file in the run folder (None: loggers only).
         """
         if every_n_tasks < 0:
@@ -73,7 +72,7 @@ class PIProbe(PeriodicEval, EpisodeCallback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.env is None:  # copied before the stream touches it: a clean, separate instance
-            self.env = copy.deepcopy(trainer.datamodule.env)
+            self.env = trainer.datamodule.env.fresh()
         if self.demonstrations and not self.probe:
             self.probe = load_demonstrations(self.demonstrations, self.env.name, self.num_tasks)
 

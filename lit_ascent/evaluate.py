@@ -10,7 +10,6 @@ sequential (batch_size=1).
 """
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Callable
 
@@ -31,7 +30,7 @@ def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
     Args:
         contexts: ``contexts[i]`` is extra system text for task i (privileged information for probes).
         batch_size: episodes decoded together (1: one after the other on ``env``).
-        env_factory: builds a fresh environment per batched episode (default: a deep copy of ``env``).
+        env_factory: builds a fresh environment per batched episode (default: ``env.fresh``).
     """
     if batch_size < 1:
         raise ValueError(f"evaluate: batch_size must be >= 1, got {batch_size}")
@@ -44,12 +43,16 @@ def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
         with torch.no_grad():
             if batch_size == 1:
                 return [rollout(policy.model, policy.tokenizer, env, t, cfg, c) for t, c in zip(tasks, contexts)]
-            make_env = env_factory or (lambda: copy.deepcopy(env))
+            make_env = env_factory or env.fresh
             episodes: list[Episode] = []
             for s in range(0, len(tasks), batch_size):
                 chunk = list(zip(tasks[s:s + batch_size], contexts[s:s + batch_size]))
                 envs = [make_env() for _ in chunk]
-                episodes += batched_rollouts(policy.model, policy.tokenizer, envs, chunk, cfg)
+                try:
+                    episodes += batched_rollouts(policy.model, policy.tokenizer, envs, chunk, cfg)
+                finally:
+                    for e in envs:
+                        e.close()
             return episodes
     finally:
         policy.model.train(was_training)

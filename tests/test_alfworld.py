@@ -120,6 +120,24 @@ def test_family_balanced_stream_interleaves_families():
 # -- playing ------------------------------------------------------------------------
 @needs_engine
 @pytest.mark.slow
+def test_fresh_copy_of_a_live_episode_is_independent(train_env):
+    """Batched evaluation and probes need copies of an env that is mid-episode (a TextWorld
+    game cannot be deep-copied)."""
+    from lit_ascent.envs.guarded import GuardedEnv
+
+    task = _task(train_env, LOOK_GAME)
+    train_env.reset(task)
+    train_env.step(LOOK_SOLUTION[0])
+    other = GuardedEnv(train_env).fresh().inner
+    assert other is not train_env and other._game is None and other.tasks() == train_env.tasks()
+    other.reset(task)
+    assert [other.step(a).valid for a in LOOK_SOLUTION] == [True] * 4 and other.verify_at_end()
+    assert train_env.step(LOOK_SOLUTION[1]).valid  # the original episode goes on where it was
+    other.close()
+
+
+@needs_engine
+@pytest.mark.slow
 def test_reset_and_hand_written_solution_is_verified(train_env):
     task = _task(train_env, LOOK_GAME)
     first = train_env.reset(task)

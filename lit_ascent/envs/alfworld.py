@@ -210,6 +210,12 @@ class ALFWorldEnv(TextEnv):
             return text
         return f"{text}\nAdmissible actions: {', '.join(self._admissible)}"
 
+    def fresh(self) -> ALFWorldEnv:
+        """Same split and settings, no live game (a TextWorld game cannot be deep-copied)."""
+        other = ALFWorldEnv(self.split, self.data_root, self.list_admissible)
+        other._root, other._tasks = self._root, self._tasks
+        return other
+
     def close(self) -> None:
         if self._game is not None:
             _close_game(self._game)

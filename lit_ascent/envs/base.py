@@ -7,6 +7,7 @@ state (recipe trees, game engines) is built lazily on first use.
 """
 from __future__ import annotations
 
+import copy
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -72,6 +73,12 @@ class TextEnv(ABC):
 
     def close(self) -> None:
         """Release resources (processes, files)."""
+
+    def fresh(self) -> TextEnv:
+        """A new environment with this one's settings, independent of it (batched evaluation,
+        probes, the rebuild after a fault). Default: a deep copy; an environment whose live
+        episode cannot be copied (ALFWorld's game) builds a new instance instead."""
+        return copy.deepcopy(self)
 
 
 class ScriptedEnv(TextEnv):

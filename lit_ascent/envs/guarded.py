@@ -8,13 +8,12 @@ rollout records as a failed episode (``Episode.error``, counted as
 cannot be killed in Python; it is left to finish on its own as a daemon) and a
 fresh instance is built before the next task.
 
-A fresh instance is a deep copy of the environment as it was handed over,
-before any use: environment constructors are cheap and build heavy state
-lazily (see ``envs/base.py``), so the copy is a clean, unstarted environment.
+A fresh instance is ``env.fresh()`` of the environment as it was handed over,
+before any use (a deep copy by default; environment constructors are cheap and
+build heavy state lazily, see ``envs/base.py``): a clean, unstarted environment.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from typing import Any, Callable
@@ -60,7 +59,7 @@ class GuardedEnv(TextEnv):
         Args:
             env: The environment to guard (not used yet).
             step_timeout_s: Seconds one reset/step may take before the episode fails (0: no limit).
-            factory: Builds a fresh environment after a fault (default: a deep copy of ``env`` as given).
+            factory: Builds a fresh environment after a fault (default: ``env.fresh()`` of ``env`` as given).
         """
         if step_timeout_s < 0:
             raise ValueError(f"data.step_timeout_s must be >= 0, got {step_timeout_s}")
@@ -122,6 +121,10 @@ class GuardedEnv(TextEnv):
                         self.name, self.episode_error)
             raise EnvFault(self.episode_error) from err
 
+    def fresh(self) -> GuardedEnv:
+        """A guarded, unstarted copy (the inner environment's ``fresh``)."""
+        return GuardedEnv(self.inner.fresh(), self.step_timeout_s)
+
     def _rebuild(self) -> None:
         old = self.inner
         threading.Thread(target=_close_quietly, args=(old, self.step_timeout_s), daemon=True).start()
@@ -132,11 +135,11 @@ class GuardedEnv(TextEnv):
 def _pristine_copier(env: TextEnv) -> Callable[[], TextEnv | None]:
     """A factory of fresh copies of ``env`` as it is now; None when it cannot be copied."""
     try:
-        pristine = copy.deepcopy(env)
+        pristine = env.fresh()
     except Exception as err:  # e.g. holds a lock or a process handle
         log.warning("environment %s cannot be copied (%s): it will be reused after a fault", env.name, err)
         return lambda: None
-    return lambda: copy.deepcopy(pristine)
+    return pristine.fresh
 
 
 def _close_quietly(env: TextEnv, timeout_s: float) -> None:
