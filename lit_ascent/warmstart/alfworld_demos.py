@@ -157,7 +157,7 @@ class ALFWorldScripts:
         return Script(plain_texts(self._goal(task), self.actions[task.task_id]))
 
     def recovery(self, task: Task, k: int) -> Script | None:
-        """Recovery demo number ``k``: the kinds alternate, falling back to the other one."""
+        """Recovery demo number ``k``: the kinds take turns; an inapplicable kind falls back to the next."""
         kinds = (self._early_action, self._wrong_object, self._wrong_place)
         for j in range(len(kinds)):
             script = kinds[(k + j) % len(kinds)](task, k)
@@ -165,20 +165,22 @@ class ALFWorldScripts:
                 return script
         return None
 
-    def _reply(self, task: Task, prefix: list[str], action: str):
-        """The engine's reply to ``action`` after ``prefix`` in a scratch episode."""
+    def _start(self, task: Task, prefix: list[str]) -> None:
+        """A scratch episode of ``task`` after the actions ``prefix``."""
         self.env.reset(task)
         for a in prefix:
             self.env.step(a)
+
+    def _reply(self, task: Task, prefix: list[str], action: str):
+        """The engine's reply to ``action`` after ``prefix`` in a scratch episode."""
+        self._start(task, prefix)
         return self.env.step(action)
 
     def _place_without(self, task: Task, prefix: list[str], places: list[str], obj: str) -> str | None:
         """The first of ``places`` whose "go to" reply is valid, open and does not show ``obj``.
         One scratch episode (an ALFWorld reset costs seconds): "go to" only moves the agent, so
         the reply at each place is the one the demo gets right after ``prefix``."""
-        self.env.reset(task)
-        for a in prefix:
-            self.env.step(a)
+        self._start(task, prefix)
         for place in places:
             reply = self.env.step(f"go to {place}")
             seen = reply.observation.lower()
