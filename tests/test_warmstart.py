@@ -319,9 +319,8 @@ def test_committed_reference_adapter_reproduces_its_reported_base_success(env_na
     from lit_ascent.evaluate import evaluate
     from lit_ascent.models import EMBEDDED
     from lit_ascent.rollout import RolloutConfig
-    from lit_ascent.warmstart.cli import STREAM_BALANCE
     from lit_ascent.warmstart.eval import eval_tasks
-    from lit_ascent.warmstart.sources import evaluation_source
+    from lit_ascent.warmstart.sources import STREAM_BALANCE, evaluation_source
 
     if env_name == "alfworld":
         from lit_ascent.envs.alfworld import resolve_data_root

@@ -21,12 +21,10 @@ import torch
 
 from lit_ascent.models import EMBEDDED, LoraSettings, ModelConfig, load_policy
 from lit_ascent.rollout import RolloutConfig
-from lit_ascent.warmstart.sources import ENVS
+from lit_ascent.warmstart.sources import ENVS, STREAM_BALANCE
 
 log = logging.getLogger("lit_ascent.warmstart")
 DTYPES = ("auto", "bfloat16", "float32", "float16")
-STREAM_BALANCE = {"textcraft": None, "alfworld": "family"}
-"""The streams' ``data.balance_by`` (configs/textcraft/ascent.yaml, configs/alfworld/ascent.yaml)."""
 
 
 def _check_common(env: str, dtype: str) -> None:

@@ -15,6 +15,8 @@ from lit_ascent.warmstart.demos import Script
 
 ENVS = ("textcraft", "alfworld")
 ALFWORLD_EVAL_SPLITS = ("valid_seen", "valid_unseen")
+STREAM_BALANCE = {"textcraft": None, "alfworld": "family"}
+"""The streams' ``data.balance_by`` (configs/textcraft/ascent.yaml, configs/alfworld/ascent.yaml)."""
 
 
 @dataclass
