@@ -13,8 +13,11 @@ cannot undo what defines the method (objective, gate). A seed sets
 ``seed_everything`` (LoRA init) and, unless ``--fixed-stream``, ``data.seed``
 (stream order and reset seeds); all methods of a seed share the same stream.
 A finished run (``done.json`` marker, or an experience log with num_tasks
-lines) is skipped; an unfinished one is deleted and run again from the start,
-because the stream is one pass and its log is append-only.
+lines) is skipped. An unfinished one that holds a stream checkpoint
+(``stream_state.pt``, written after every task by the env configs) is continued
+from it with ``--ckpt_path <run folder>``, so a long run can be spread over
+several sittings (stop it with Ctrl-C or SIGKILL, rerun the same command); an
+unfinished one without a checkpoint is deleted and run again from the start.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from callbacks.stream_checkpoint import STATE_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "train.py"
@@ -101,13 +106,24 @@ def is_finished(run_dir: Path, num_tasks: int | None) -> bool:
     return num_tasks is not None and count_records(run_dir) >= num_tasks
 
 
+def resume_command(spec: RunSpec, cmd: list[str]) -> list[str] | None:
+    """``cmd`` continued from the cell's stream checkpoint, or None when it has none."""
+    if not (spec.run_dir / STATE_FILE).is_file():
+        return None
+    return [*cmd, "--ckpt_path", str(spec.run_dir)]
+
+
 def run_one(spec: RunSpec, cmd: list[str], num_tasks: int | None) -> bool:
-    """Run one cell from scratch; write the marker when it finished. True on success."""
-    if spec.run_dir.exists():
-        shutil.rmtree(spec.run_dir)  # an unfinished one-pass stream cannot be resumed mid-log
-    spec.run_dir.mkdir(parents=True)
+    """Run one cell (continued from its checkpoint, else from scratch); write the marker when it finished."""
+    resumed = resume_command(spec, cmd)
+    if resumed:
+        print(f"  continuing {spec.run_dir} from its checkpoint ({count_records(spec.run_dir)} records)", flush=True)
+        cmd = resumed
+    elif spec.run_dir.exists():
+        shutil.rmtree(spec.run_dir)  # no checkpoint: a one-pass stream's partial log cannot be continued
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with open(spec.run_dir / "train.log", "w") as log:
+    with open(spec.run_dir / "train.log", "a" if resumed else "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     records = count_records(spec.run_dir)
     ok = rc == 0  # train.py returns 0 only when the stream was run to its end
@@ -115,7 +131,7 @@ def run_one(spec: RunSpec, cmd: list[str], num_tasks: int | None) -> bool:
         print(f"note: {spec.run_dir} holds {records} < {num_tasks} records (the stream has fewer tasks)", flush=True)
     if ok:
         marker = {"method": spec.method, "seed": spec.seed, "records": records,
-                  "wall_s": round(time.time() - t0, 1), "command": cmd}
+                  "wall_s": round(time.time() - t0, 1), "resumed": bool(resumed), "command": cmd}
         (spec.run_dir / MARKER).write_text(json.dumps(marker, indent=1))
     return ok
 

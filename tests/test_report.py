@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from callbacks.stream_checkpoint import STATE_FILE
 from callbacks.stream_stats import StreamStats, failed_update_share, window_invalid_rate
 from lit_ascent import compare, report
 
@@ -167,6 +168,44 @@ def test_runner_marks_finished_and_skips(tmp_path, monkeypatch):
     again = compare.run_matrix(specs, Path("env.yaml"), [], num_tasks=2)
     assert [s.method for s in again["skipped"]] == ["base"]
     assert compare.is_finished(specs[1].run_dir, 1) and not compare.is_finished(specs[1].run_dir, None)
+
+
+def test_runner_continues_a_cell_from_its_stream_checkpoint(tmp_path, monkeypatch):
+    seen = []
+
+    def command(spec, *args, **kw):
+        run = spec.run_dir
+        return fake_train(3, 0) + [str(run.parent.parent), run.parent.name, run.name]
+
+    def record(cmd, **kw):
+        seen.append(cmd)
+        return real_run(cmd, **kw)
+
+    real_run = compare.subprocess.run
+    monkeypatch.setattr(compare, "train_command", command)
+    monkeypatch.setattr(compare.subprocess, "run", record)
+    spec = compare.plan(["base"], [0], tmp_path)[0]
+    spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / STATE_FILE).write_bytes(b"checkpoint of task 2")
+    (spec.run_dir / "train.log").write_text("first sitting\n")
+    result = compare.run_matrix([spec], Path("env.yaml"), [], num_tasks=3)
+    assert result["done"] == [spec]
+    assert seen[0][-2:] == ["--ckpt_path", str(spec.run_dir)]
+    assert (spec.run_dir / STATE_FILE).is_file()  # the folder was kept, not deleted
+    assert (spec.run_dir / "train.log").read_text().startswith("first sitting")
+    assert json.loads((spec.run_dir / compare.MARKER).read_text())["resumed"] is True
+
+
+def test_resume_command_is_accepted_by_the_cli(tmp_path):
+    from lit_ascent.cli import main
+
+    spec = compare.plan(["rft"], [1], tmp_path)[0]
+    spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / STATE_FILE).write_bytes(b"")
+    cmd = compare.resume_command(spec, compare.train_command(spec, compare.REPO / "configs/debug.yaml", [], 2))
+    with pytest.raises(ValueError, match=f"{spec.run_dir / STATE_FILE}.* is not a readable stream checkpoint"):
+        main(cmd[2:])  # the CLI takes --ckpt_path and reads this cell's (here empty) checkpoint
+    assert compare.resume_command(compare.plan(["base"], [0], tmp_path)[0], cmd) is None
 
 
 # ---- StreamStats --------------------------------------------------------------------------
