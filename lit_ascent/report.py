@@ -7,6 +7,8 @@ task; the layout ``python -m lit_ascent.compare`` writes) and produces
 ``results.md`` (mean +- std over seeds), ``results.json`` (every per-run
 number) and ``running_success.png``, ``first_token_entropy.png``,
 ``drift_kl.png``. The table computations are pure functions over the records.
+A run shorter than the longest run of its seed (a stream still in progress) is
+listed under the table and left out of it.
 """
 from __future__ import annotations
 
@@ -48,6 +50,28 @@ def load_runs(root: Path, filename: str = "experience.jsonl") -> Runs:
     for path in sorted(Path(root).glob(f"*/*/{filename}")):
         runs.setdefault(path.parent.parent.name, {})[path.parent.name] = read_jsonl(path)
     return runs
+
+
+def split_unfinished(runs: Runs) -> tuple[Runs, dict[str, tuple[int, int]]]:
+    """Keep, per seed folder, only the runs as long as the longest one; the rest are unfinished.
+
+    All methods of a seed share one stream, so a shorter run is one still in
+    progress (or stopped): its numbers cover other tasks and stay out of the
+    table. Returns (complete runs, {"method/seed": (records, records of the longest)}).
+    """
+    longest: dict[str, int] = {}
+    for seeds in runs.values():
+        for seed, records in seeds.items():
+            longest[seed] = max(longest.get(seed, 0), len(records))
+    complete: Runs = {}
+    unfinished = {}
+    for method, seeds in runs.items():
+        for seed, records in seeds.items():
+            if len(records) < longest[seed]:
+                unfinished[f"{method}/{seed}"] = (len(records), longest[seed])
+            else:
+                complete.setdefault(method, {})[seed] = records
+    return complete, unfinished
 
 
 def fewer_turns_share(records: Records, base_records: Records) -> float | None:
@@ -183,13 +207,16 @@ def write_report(root: Path, out: Path, base: str = "base") -> dict[str, Path]:
     if not runs:
         raise FileNotFoundError(f"no <method>/<seed>/experience.jsonl under {root}")
     out.mkdir(parents=True, exist_ok=True)
+    runs, unfinished = split_unfinished(runs)
     runs = {m: runs[m] for m in method_order(runs, base)}
     table = comparison_table(runs, base)
     files = {"table": out / "results.md", "numbers": out / "results.json"}
     intro = (f"Runs under `{root}`: mean ± sample std over seeds. Invalid rate = invalid actions / turns. "
              f"'Fewer turns than base': on tasks solved by the method and by `{base}` on the same seed, "
              "the share where the method needed fewer turns.\n\n")
-    files["table"].write_text(intro + markdown_table(table))
+    left_out = "".join(f"\nUnfinished, left out: `{run}` ({n} of {total} tasks)." for run, (n, total) in
+                       sorted(unfinished.items()))
+    files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else ""))
     files["numbers"].write_text(json.dumps(table, indent=1))
     files["running_success"] = plot_curves(method_curves(runs, None), "Running success over the stream",
                                            "success so far", out / "running_success.png")

@@ -83,6 +83,17 @@ def test_markdown_row(runs_root):
     assert base_row.endswith("| - |")  # no fewer-turns share against itself
 
 
+def test_a_run_still_in_progress_is_listed_not_averaged(runs_root, tmp_path):
+    partial = runs_root / "rft" / "seed0"
+    partial.mkdir(parents=True)
+    (partial / "experience.jsonl").write_text(json.dumps(records_of(STREAMS["ascent"]["seed0"])[0]) + "\n")
+    complete, unfinished = report.split_unfinished(report.load_runs(runs_root))
+    assert unfinished == {"rft/seed0": (1, 4)} and set(complete) == {"base", "ascent"}
+    files = report.write_report(runs_root, tmp_path / "out")
+    text = files["table"].read_text()
+    assert "| rft |" not in text and "Unfinished, left out: `rft/seed0` (1 of 4 tasks)." in text
+
+
 def test_fewer_turns_share_edge_cases():
     mine = records_of([("a", 1, 3, 0), ("b", 0, 9, 0)])
     assert report.fewer_turns_share(mine, records_of([("a", 0, 5, 0), ("b", 1, 4, 0)])) is None
