@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from lit_ascent.envs.base import TextEnv
-from lit_ascent.rollout import EpisodeRun, RolloutConfig, growing_cache, rollout
+from lit_ascent.rollout import EpisodeRun, RolloutConfig, growing_cache, rollout, skip_zero_adapter
 from lit_ascent.trajectory import Episode, Task
 
 log = logging.getLogger(__name__)
@@ -141,21 +141,22 @@ def batched_rollouts(model, tokenizer, envs: list[TextEnv], jobs: list[tuple[Tas
     for row, run in enumerate(runs):
         decoder.extend(row, run.prompt)
     active = list(range(len(runs)))  # batch row -> run index
-    while active:
-        budgets = [runs[k].budget() for k in active]
-        alive = [row for row, b in enumerate(budgets) if b > 0]
-        if len(alive) < len(active):
-            for row in set(range(len(active))) - set(alive):
-                runs[active[row]].finish()
-            decoder.keep(alive)
-            active, budgets = [active[r] for r in alive], [budgets[r] for r in alive]
-        if not active:
-            break
-        results = decoder.generate(budgets, [runs[k].should_stop for k in active])
-        for row, (k, (gen, closed)) in enumerate(zip(active, results)):
-            obs = runs[k].end_turn(gen, closed)
-            if obs is not None:
-                decoder.extend(row, obs)
+    with skip_zero_adapter(model):
+        while active:
+            budgets = [runs[k].budget() for k in active]
+            alive = [row for row, b in enumerate(budgets) if b > 0]
+            if len(alive) < len(active):
+                for row in set(range(len(active))) - set(alive):
+                    runs[active[row]].finish()
+                decoder.keep(alive)
+                active, budgets = [active[r] for r in alive], [budgets[r] for r in alive]
+            if not active:
+                break
+            results = decoder.generate(budgets, [runs[k].should_stop for k in active])
+            for row, (k, (gen, closed)) in enumerate(zip(active, results)):
+                obs = runs[k].end_turn(gen, closed)
+                if obs is not None:
+                    decoder.extend(row, obs)
     return [run.ep for run in runs]
 
 

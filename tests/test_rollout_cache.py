@@ -1,13 +1,16 @@
 """The KV cache kept across turns is exact: a cached episode equals one that recomputes everything."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.testing import assert_close
 from transformers import DynamicCache
 
 from lit_ascent.envs import ScriptedEnv
-from lit_ascent.rollout import GrowingLayer, IncrementalDecoder, RolloutConfig, growing_cache, rollout
+from lit_ascent.rollout import (GrowingLayer, IncrementalDecoder, RolloutConfig, adapter_is_zero, growing_cache, rollout,
+                                skip_zero_adapter)
 
 
 class FullRecompute:
@@ -103,3 +106,31 @@ def test_cached_rollout_equals_plain_generate_on_the_whole_history(policy):
     ep = rollout(policy.model, policy.tokenizer, env, env.tasks()[0], cfg)
     ref = reprefill_rollout(policy.model, policy.tokenizer, env, env.tasks()[0], cfg)
     assert len(ep.turns) == 4 and ep.token_ids == ref.token_ids and ep.roles == ref.roles
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_zero_adapter_is_skipped_with_identical_logits(policy, dtype):
+    model = policy.model.to(dtype).eval()
+    lora_a = next(m for name, m in model.named_modules() if name.endswith("lora_A.default"))
+    calls = []
+    lora_a.register_forward_hook(lambda *a: calls.append(1))
+
+    def decode(ctx) -> torch.Tensor:
+        calls.clear()
+        with ctx:
+            dec = IncrementalDecoder(model, set())
+            dec.trace = []
+            dec.extend(list(range(40, 70)))
+            dec.generate(8)
+        return torch.stack(dec.trace)
+
+    assert adapter_is_zero(model)
+    skipped, skipped_calls = decode(skip_zero_adapter(model)), len(calls)
+    active, active_calls = decode(contextlib.nullcontext()), len(calls)
+    assert skipped_calls == 0 and active_calls > 0  # the LoRA ops did not run, then they did
+    assert torch.equal(skipped, active)  # B = 0: bit for bit the same logits
+    with torch.no_grad():
+        next(p for name, p in model.named_parameters() if "lora_B" in name).add_(0.01)
+    assert not adapter_is_zero(model)
+    decode(skip_zero_adapter(model))
+    assert len(calls) > 0  # after an update the adapter is used
