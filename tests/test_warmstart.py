@@ -359,3 +359,24 @@ def test_eval_tasks_are_the_streams_prefix():
     assert balanced == stream_order(tasks, 3, balance_by="family")[:4]
     assert sorted(t.info()["family"] for t in balanced) == ["a", "a", "b", "b"]
     assert eval_tasks(tasks, 5, seed=3) == stream_order(tasks, 3)[:5]
+
+
+def test_eval_loads_a_streams_fast_weights_frozen_on_top_of_the_warm_start(tmp_path):
+    from lit_ascent.warmstart.cli import model_config
+
+    torch.manual_seed(0)
+    run = load_policy(ModelConfig(name_or_path="tiny-random", dtype="float32", lora=LoraSettings(rank=4, alpha=8)))
+    with torch.no_grad():
+        for name, p in run.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # what a stream's updates leave behind
+    run.model.save_pretrained(str(tmp_path / "final"))
+    args = parse(["eval", "--model", "tiny-random", "--dtype", "float32", "--fast-weights", str(tmp_path / "final")])
+    cfg = model_config(args)
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.init_adapter) == (4, 8, str(tmp_path / "final"))  # read from the save
+    loaded = load_policy(cfg).adapter_state()
+    saved = run.adapter_state()
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    assert args.output_path() == tmp_path / "final" / "eval_textcraft_default.json"
+    with pytest.raises(SystemExit):
+        parse(["eval", "--fast-weights", str(tmp_path)])  # no adapter_config.json there

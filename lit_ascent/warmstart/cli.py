@@ -99,6 +99,9 @@ class EvalArgs:
 
     adapter: str | None = None
     """Warm-start adapter folder (None: the base model as it is)."""
+    fast_weights: str | None = None
+    """A stream run's saved fast weights (``<run>/adapter/final``), evaluated frozen on top of --adapter
+    (the transfer of what the stream learned, e.g. to --split valid_unseen)."""
     env: str = "textcraft"
     """textcraft | alfworld."""
     num_tasks: int = 30
@@ -132,8 +135,9 @@ class EvalArgs:
         _check_common(self.env, self.dtype)
         if self.num_tasks < 1 or (self.control and self.num_tasks < 2):
             raise ValueError(f"--num-tasks must be >= 1 (>= 2 with --control), got {self.num_tasks}")
-        if self.adapter is not None and not Path(self.adapter).is_dir():
-            raise ValueError(f"--adapter: no adapter folder at {self.adapter!r}")
+        for flag, folder in (("--adapter", self.adapter), ("--fast-weights", self.fast_weights)):
+            if folder is not None and not (Path(folder) / "adapter_config.json").is_file():
+                raise ValueError(f"{flag}: no adapter folder (adapter_config.json) at {folder!r}")
         RolloutConfig(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens)
         if self.max_distractors < 0:
             raise ValueError(f"--max-distractors must be >= 0, got {self.max_distractors}")
@@ -146,6 +150,8 @@ class EvalArgs:
     def output_path(self) -> Path:
         if self.out:
             return Path(self.out)
+        if self.fast_weights:
+            return Path(self.fast_weights) / f"eval_{self.env}_{self.split or 'default'}.json"
         return Path(self.adapter or ".") / (f"eval_{self.env}.json" if self.adapter else f"warmstart_eval_{self.env}.json")
 
 
@@ -224,12 +230,22 @@ def run_train(args: TrainArgs, command: str) -> dict:
     return recipe
 
 
+def model_config(args: EvalArgs) -> ModelConfig:
+    """The evaluated model: base + merged --adapter, and --fast-weights as the (frozen) fast weights."""
+    if not args.fast_weights:
+        return ModelConfig(name_or_path=args.model, dtype=args.dtype, warm_start_adapter=args.adapter)
+    saved = json.loads((Path(args.fast_weights) / "adapter_config.json").read_text())
+    lora = LoraSettings(rank=saved["r"], alpha=saved["lora_alpha"], target_modules=saved["target_modules"])
+    return ModelConfig(name_or_path=args.model, dtype=args.dtype, warm_start_adapter=args.adapter, lora=lora,
+                       init_adapter=args.fast_weights)
+
+
 def run_eval(args: EvalArgs) -> dict:
     from lit_ascent.warmstart.eval import eval_tasks, evaluate_modes, markdown_table
     from lit_ascent.warmstart.sources import evaluation_source
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    policy = load_policy(ModelConfig(name_or_path=args.model, dtype=args.dtype, warm_start_adapter=args.adapter), device)
+    policy = load_policy(model_config(args), device)
     env, tasks, reference = evaluation_source(args.env, args.depths, args.split, args.max_distractors)
     tasks = eval_tasks(tasks, args.num_tasks, args.seed, STREAM_BALANCE[args.env])
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
