@@ -8,7 +8,8 @@ task; the layout ``python -m lit_ascent.compare`` writes) and produces
 number) and ``running_success.png``, ``first_token_entropy.png``,
 ``drift_kl.png``. The table computations are pure functions over the records.
 A run shorter than the longest run of its seed (a stream still in progress) is
-listed under the table and left out of it.
+listed under the table and left out of it; ``--common-prefix`` instead cuts every
+run to the tasks all runs of its seed have finished.
 """
 from __future__ import annotations
 
@@ -72,6 +73,19 @@ def split_unfinished(runs: Runs) -> tuple[Runs, dict[str, tuple[int, int]]]:
             else:
                 complete.setdefault(method, {})[seed] = records
     return complete, unfinished
+
+
+def common_prefix(runs: Runs) -> tuple[Runs, dict[str, int]]:
+    """Every run cut to the shortest run of its seed: all methods compared on the same first tasks.
+
+    For a look at a matrix while streams are still running. Returns (cut runs, {seed: tasks kept}).
+    """
+    shortest: dict[str, int] = {}
+    for seeds in runs.values():
+        for seed, records in seeds.items():
+            shortest[seed] = min(shortest.get(seed, len(records)), len(records))
+    cut = {m: {seed: records[:shortest[seed]] for seed, records in seeds.items()} for m, seeds in runs.items()}
+    return cut, shortest
 
 
 def fewer_turns_share(records: Records, base_records: Records) -> float | None:
@@ -201,19 +215,30 @@ def plot_curves(curves: dict, title: str, ylabel: str, path: Path) -> Path:
     return path
 
 
-def write_report(root: Path, out: Path, base: str = "base") -> dict[str, Path]:
-    """Read the runs under ``root`` and write the table, the numbers and the plots into ``out``."""
+def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False) -> dict[str, Path]:
+    """Read the runs under ``root`` and write the table, the numbers and the plots into ``out``.
+
+    ``prefix``: compare every run on its seed's common prefix (runs in progress
+    included) instead of leaving unfinished runs out.
+    """
     runs = load_runs(root)
     if not runs:
         raise FileNotFoundError(f"no <method>/<seed>/experience.jsonl under {root}")
     out.mkdir(parents=True, exist_ok=True)
-    runs, unfinished = split_unfinished(runs)
+    if prefix:
+        runs, kept = common_prefix(runs)
+        unfinished = {}
+    else:
+        runs, unfinished = split_unfinished(runs)
     runs = {m: runs[m] for m in method_order(runs, base)}
     table = comparison_table(runs, base)
     files = {"table": out / "results.md", "numbers": out / "results.json"}
     intro = (f"Runs under `{root}`: mean ± sample std over seeds. Invalid rate = invalid actions / turns. "
              f"'Fewer turns than base': on tasks solved by the method and by `{base}` on the same seed, "
              "the share where the method needed fewer turns.\n\n")
+    if prefix:
+        intro += ("Common prefix (some streams still running): every run cut to the first "
+                  + ", ".join(f"{n} tasks of {seed}" for seed, n in sorted(kept.items())) + ".\n\n")
     left_out = "".join(f"\nUnfinished, left out: `{run}` ({n} of {total} tasks)." for run, (n, total) in
                        sorted(unfinished.items()))
     files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else ""))
@@ -230,8 +255,10 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     p.add_argument("root", type=Path, help="folder holding <method>/<seed>/experience.jsonl")
     p.add_argument("--out", type=Path, required=True, help="output folder (e.g. docs/results/<name>)")
     p.add_argument("--base", default="base", help="method folder used as the base-model reference")
+    p.add_argument("--common-prefix", action="store_true",
+                   help="compare all runs on the tasks every run of the seed has finished (streams in progress)")
     args = p.parse_args(argv)
-    files = write_report(args.root, args.out, args.base)
+    files = write_report(args.root, args.out, args.base, args.common_prefix)
     print(files["table"].read_text())
     for name, path in files.items():
         print(f"{name}: {path}")

@@ -92,6 +92,11 @@ def test_a_run_still_in_progress_is_listed_not_averaged(runs_root, tmp_path):
     files = report.write_report(runs_root, tmp_path / "out")
     text = files["table"].read_text()
     assert "| rft |" not in text and "Unfinished, left out: `rft/seed0` (1 of 4 tasks)." in text
+    cut, kept = report.common_prefix(report.load_runs(runs_root))
+    assert kept == {"seed0": 1, "seed1": 4}
+    assert [len(cut[m]["seed0"]) for m in ("base", "ascent", "rft")] == [1, 1, 1] and len(cut["base"]["seed1"]) == 4
+    text = report.main([str(runs_root), "--out", str(tmp_path / "prefix"), "--common-prefix"])["table"].read_text()
+    assert "| rft | 1 | 1 |" in text and "first 1 tasks of seed0, 4 tasks of seed1" in text
 
 
 def test_fewer_turns_share_edge_cases():
