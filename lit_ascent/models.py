@@ -118,7 +118,7 @@ def embedded_gguf(cache_dir: str | os.PathLike) -> Path:
 
 
 def _load_base(cfg: ModelConfig, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     if cfg.name_or_path == TINY:
         from lit_ascent.tiny import tiny_model_and_tokenizer
@@ -133,8 +133,10 @@ def _load_base(cfg: ModelConfig, dtype: torch.dtype):
         path, gguf = str(Path(path).parent), Path(path).name
     kw = {"gguf_file": gguf} if gguf else {}
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, **kw)
+    if gguf:  # dense weights, asked for explicitly: LoRA trains plain Linear layers, not packed GGUF blocks
+        kw["quantization_config"] = GgufConfig(dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kw)
-    if gguf:  # weights are dequantised to plain tensors; forget the GGUF quantizer so PEFT can train
+    if gguf:  # the weights are plain tensors now; forget the GGUF quantizer so PEFT can train
         model.hf_quantizer = None
         model.is_quantized = False
         model.config.__dict__.pop("quantization_config", None)
