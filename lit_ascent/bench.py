@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
+from lit_ascent.attention import use_packed_gqa
 from lit_ascent.bench_memory import CASES, measure_memory, synthetic_episode
 from lit_ascent.envs.base import StepResult, TextEnv
 from lit_ascent.evaluate import evaluate
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation
 from lit_ascent.privileged import teacher_sequence
-from lit_ascent.rollout import EpisodeRun, RolloutConfig, rollout, skip_zero_adapter
+from lit_ascent.rollout import EpisodeRun, IncrementalDecoder, RolloutConfig, rollout, skip_zero_adapter
 from lit_ascent.trajectory import Episode, Task
 
 TARGETS = {"reuse_speedup_20": 2.0, "decode_of_bound": 0.6, "update_of_matmul": 0.5,
@@ -142,23 +143,23 @@ def episode_throughput(policy: Policy, env: TextEnv, task: Task, turns: list[int
     return rows
 
 
+def decoder_tok_s(model, ids: list[int], tokens: int, ctx) -> float:
+    """Tokens per CPU second of the rollout decoder after pre-filling ``ids`` (not timed), inside ``ctx``."""
+    with ctx:
+        dec = IncrementalDecoder(model, set())
+        dec.extend(ids)
+        dec.generate(1)
+        with Clock() as c:
+            dec.generate(tokens)
+    return tokens / c.cpu
+
+
 def decode_rate(policy: Policy, prompt_len: int, tokens: int, bandwidth: float) -> dict:
     """Decode tokens/s of the rollout decoder and of plain generate, against the bandwidth bound."""
-    from lit_ascent.rollout import IncrementalDecoder
-
     model = policy.model
     ids = torch.randint(100, 20000, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
-    def decoder_cpu(ctx) -> float:
-        with ctx:
-            dec = IncrementalDecoder(model, set())
-            dec.extend(ids)
-            dec.generate(1)  # prefill, not timed
-            with Clock() as c:
-                dec.generate(tokens)
-        return c.cpu
-
-    applied = decoder_cpu(contextlib.nullcontext())  # the LoRA ops run (as after any update)
-    skipped = decoder_cpu(skip_zero_adapter(model))  # B = 0: the rollout skips them
+    rate = decoder_tok_s(model, ids, tokens, contextlib.nullcontext())  # the LoRA ops run (as after any update)
+    skipped = decoder_tok_s(model, ids, tokens, skip_zero_adapter(model))  # B = 0: the rollout skips them
     x = torch.tensor([ids])
     with Clock() as g0:  # generate = prefill + decode; time a 1-token generate to subtract the prefill
         model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False)
@@ -167,34 +168,19 @@ def decode_rate(policy: Policy, prompt_len: int, tokens: int, bandwidth: float) 
                        min_new_tokens=tokens + 1, do_sample=False)
     weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
     bound = bandwidth / weight_bytes
-    rate = tokens / applied
     return {"prompt_tokens": prompt_len, "tokens": tokens, "decoder_tok_s": rate,
-            "zero_adapter_skipped_tok_s": tokens / skipped,
+            "zero_adapter_skipped_tok_s": skipped,
             "generate_tok_s": tokens / max(g.cpu - g0.cpu, 1e-9), "weight_bytes": weight_bytes,
             "bound_tok_s": bound, "of_bound": rate / bound}
 
 
 def packed_gqa_decode(policy: Policy, context: int, tokens: int) -> dict:
     """Decode tokens/s after ``context`` cached tokens: transformers' sdpa vs ``packed_gqa_sdpa``."""
-    from lit_ascent.attention import use_packed_gqa
-    from lit_ascent.rollout import IncrementalDecoder
-
     model = policy.model
     ids = torch.randint(100, 20000, (context,), generator=torch.Generator().manual_seed(1)).tolist()
-
-    def rate() -> float:
-        with skip_zero_adapter(model):
-            dec = IncrementalDecoder(model, set())
-            dec.extend(ids)
-            dec.generate(1)  # prefill, not timed
-            with Clock() as c:
-                dec.generate(tokens)
-        return tokens / c.cpu
-
     base = model.get_base_model()
-    default = rate()
-    switched = use_packed_gqa(base)
-    packed = rate() if switched else float("nan")
+    default = decoder_tok_s(model, ids, tokens, skip_zero_adapter(model))
+    packed = decoder_tok_s(model, ids, tokens, skip_zero_adapter(model)) if use_packed_gqa(base) else float("nan")
     base.set_attn_implementation("sdpa")
     return {"context": context, "tokens": tokens, "sdpa_tok_s": default, "packed_tok_s": packed}
 
