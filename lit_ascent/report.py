@@ -53,6 +53,15 @@ def load_runs(root: Path, filename: str = "experience.jsonl") -> Runs:
     return runs
 
 
+def run_lengths(runs: Runs, pick) -> dict[str, int]:
+    """{seed: pick(record counts of that seed's runs)}, e.g. pick=max for the longest run."""
+    lengths: dict[str, list[int]] = {}
+    for seeds in runs.values():
+        for seed, records in seeds.items():
+            lengths.setdefault(seed, []).append(len(records))
+    return {seed: pick(ns) for seed, ns in lengths.items()}
+
+
 def split_unfinished(runs: Runs) -> tuple[Runs, dict[str, tuple[int, int]]]:
     """Keep, per seed folder, only the runs as long as the longest one; the rest are unfinished.
 
@@ -60,10 +69,7 @@ def split_unfinished(runs: Runs) -> tuple[Runs, dict[str, tuple[int, int]]]:
     progress (or stopped): its numbers cover other tasks and stay out of the
     table. Returns (complete runs, {"method/seed": (records, records of the longest)}).
     """
-    longest: dict[str, int] = {}
-    for seeds in runs.values():
-        for seed, records in seeds.items():
-            longest[seed] = max(longest.get(seed, 0), len(records))
+    longest = run_lengths(runs, max)
     complete: Runs = {}
     unfinished = {}
     for method, seeds in runs.items():
@@ -80,10 +86,7 @@ def common_prefix(runs: Runs) -> tuple[Runs, dict[str, int]]:
 
     For a look at a matrix while streams are still running. Returns (cut runs, {seed: tasks kept}).
     """
-    shortest: dict[str, int] = {}
-    for seeds in runs.values():
-        for seed, records in seeds.items():
-            shortest[seed] = min(shortest.get(seed, len(records)), len(records))
+    shortest = run_lengths(runs, min)
     cut = {m: {seed: records[:shortest[seed]] for seed, records in seeds.items()} for m, seeds in runs.items()}
     return cut, shortest
 
