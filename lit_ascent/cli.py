@@ -28,7 +28,7 @@ TRAINER_DEFAULTS = {
 
 
 # Known-harmless notices: the policy is put in eval mode for rollouts on purpose.
-for _pattern in (".*in eval mode.*", ".*LeafSpec.*", ".*is_gradient_checkpointing.*", ".*litlogger.*"):
+for _pattern in (".*in eval mode.*", ".*LeafSpec.*", ".*litlogger.*"):
     warnings.filterwarnings("ignore", message=_pattern)
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,9 @@ import torch
 from torch import nn
 
 from lit_ascent.attention import use_packed_gqa
+
+# PEFT (0.x) probes transformers' deprecated `is_gradient_checkpointing` when it wraps a model.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 log = logging.getLogger(__name__)
 
