@@ -39,20 +39,24 @@ def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
         raise ValueError(f"evaluate: {len(contexts)} contexts for {len(tasks)} tasks")
     was_training = policy.model.training
     policy.model.eval()
+    episodes: list[Episode] = []
     try:
         with torch.no_grad():
-            if batch_size == 1:
-                return [rollout(policy.model, policy.tokenizer, env, t, cfg, c) for t, c in zip(tasks, contexts)]
             make_env = env_factory or env.fresh
-            episodes: list[Episode] = []
             for s in range(0, len(tasks), batch_size):
                 chunk = list(zip(tasks[s:s + batch_size], contexts[s:s + batch_size]))
-                envs = [make_env() for _ in chunk]
-                try:
-                    episodes += batched_rollouts(policy.model, policy.tokenizer, envs, chunk, cfg)
-                finally:
-                    for e in envs:
-                        e.close()
+                if batch_size == 1:
+                    (task, context), = chunk
+                    episodes.append(rollout(policy.model, policy.tokenizer, env, task, cfg, context))
+                else:
+                    envs = [make_env() for _ in chunk]
+                    try:
+                        episodes += batched_rollouts(policy.model, policy.tokenizer, envs, chunk, cfg)
+                    finally:
+                        for e in envs:
+                            e.close()
+                log.info("evaluate: %d/%d episodes, %d verified", len(episodes), len(tasks),
+                         sum(e.verified for e in episodes))
             return episodes
     finally:
         policy.model.train(was_training)

@@ -87,3 +87,17 @@ def test_bad_batch_arguments(policy, scripted):
         evaluate(policy, scripted, scripted.tasks(), RolloutConfig(), batch_size=0)
     with pytest.raises(ValueError, match="contexts"):
         evaluate(policy, scripted, scripted.tasks(), RolloutConfig(), ["a"])
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_progress_is_logged_after_each_group(lively, batch_size, caplog):
+    env = ScriptedEnv(num_tasks=7, episode_steps=2, verify_every=2)
+    tasks, contexts = _tasks_and_contexts(env)
+    cfg = RolloutConfig(max_turns=5, max_new_tokens=9, max_context_tokens=450)
+    with caplog.at_level("INFO", logger="lit_ascent.evaluate"):
+        episodes = evaluate(lively, env, tasks, cfg, contexts, batch_size=batch_size,
+                            env_factory=lambda: ScriptedEnv(num_tasks=7, episode_steps=2, verify_every=2))
+    lines = [r.getMessage() for r in caplog.records if r.name == "lit_ascent.evaluate"]
+    done = list(range(batch_size, 7, batch_size)) + [7]
+    assert [line.split()[1] for line in lines] == [f"{n}/7" for n in done]
+    assert lines[-1].endswith(f"{sum(e.verified for e in episodes)} verified")
