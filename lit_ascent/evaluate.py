@@ -24,13 +24,15 @@ log = logging.getLogger(__name__)
 
 def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
              contexts: list[str | None] | None = None, *, batch_size: int = 1,
-             env_factory: Callable[[], TextEnv] | None = None) -> list[Episode]:
+             env_factory: Callable[[], TextEnv] | None = None,
+             on_group: Callable[[list[Episode]], None] | None = None) -> list[Episode]:
     """Greedy episodes of ``tasks`` with the weights as they are; the adapter is not touched.
 
     Args:
         contexts: ``contexts[i]`` is extra system text for task i (privileged information for probes).
         batch_size: episodes decoded together (1: one after the other on ``env``).
         env_factory: builds a fresh environment per batched episode (default: ``env.fresh``).
+        on_group: called with the episodes so far after each group of ``batch_size`` (e.g. to save them).
     """
     if batch_size < 1:
         raise ValueError(f"evaluate: batch_size must be >= 1, got {batch_size}")
@@ -57,6 +59,8 @@ def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
                             e.close()
                 log.info("evaluate: %d/%d episodes, %d verified", len(episodes), len(tasks),
                          sum(e.verified for e in episodes))
+                if on_group is not None:
+                    on_group(episodes)
             return episodes
     finally:
         policy.model.train(was_training)
@@ -166,10 +170,15 @@ def batched_rollouts(model, tokenizer, envs: list[TextEnv], jobs: list[tuple[Tas
 
 def outcome_rates(episodes: list[Episode]) -> dict[str, float]:
     """success_rate, mean turns and invalid-action rate of a set of episodes."""
-    n = max(len(episodes), 1)
-    turns = sum(len(e.turns) for e in episodes)
+    return record_rates([{"verified": e.verified, "turns": len(e.turns), "invalid": e.num_invalid} for e in episodes])
+
+
+def record_rates(records: list[dict]) -> dict[str, float]:
+    """``outcome_rates`` of episode records (``Episode.summary()``'s verified, turns, invalid)."""
+    n = max(len(records), 1)
+    turns = sum(r["turns"] for r in records)
     return {
-        "success_rate": sum(e.verified for e in episodes) / n,
+        "success_rate": sum(r["verified"] for r in records) / n,
         "turns": turns / n,
-        "invalid_rate": sum(e.num_invalid for e in episodes) / max(turns, 1),
+        "invalid_rate": sum(r["invalid"] for r in records) / max(turns, 1),
     }

@@ -130,6 +130,8 @@ class EvalArgs:
     """Model dtype."""
     out: str | None = None
     """JSON output (default: <adapter>/eval_<env>.json, else warmstart_eval_<env>.json)."""
+    resume: bool = False
+    """Continue an interrupted evaluation from the episodes saved in the output JSON (same settings)."""
 
     def __post_init__(self) -> None:
         _check_common(self.env, self.dtype)
@@ -240,6 +242,21 @@ def model_config(args: EvalArgs) -> ModelConfig:
                        init_adapter=args.fast_weights)
 
 
+def saved_episodes(path: Path, settings: dict) -> tuple[dict[str, list[dict]], float]:
+    """({mode: episode records}, seconds spent) of an earlier run of the same evaluation at ``path``."""
+    if not path.is_file():
+        log.info("--resume: no earlier results at %s; starting from the first task", path)
+        return {}, 0.0
+    report = json.loads(path.read_text())
+    if report.get("args") != settings:
+        changed = sorted(k for k in settings if report.get("args", {}).get(k) != settings[k])
+        raise ValueError(f"--resume: {path} was written with other settings ({', '.join(changed)}); "
+                         "rerun with those settings or another --out")
+    done = {m: row["episodes"] for m, row in report["rows"].items()} | report.get("partial", {})
+    log.info("--resume: %s", ", ".join(f"{m} {len(r)} episodes" for m, r in done.items()) or "nothing saved yet")
+    return done, float(report.get("eval_s", 0.0))
+
+
 def run_eval(args: EvalArgs) -> dict:
     from lit_ascent.warmstart.eval import eval_tasks, evaluate_modes, markdown_table
     from lit_ascent.warmstart.sources import evaluation_source
@@ -251,15 +268,20 @@ def run_eval(args: EvalArgs) -> dict:
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     path = args.output_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    settings = {k: v for k, v in dataclasses.asdict(args).items() if k != "resume"}
+    done, spent = saved_episodes(path, settings) if args.resume else ({}, 0.0)
+    t0 = time.perf_counter() - spent
 
-    def save(rows: dict) -> dict:  # after every mode, so a long run keeps what it finished
-        report = {"args": dataclasses.asdict(args), "eval_s": round(time.perf_counter() - t0, 2), "rows": rows}
+    def save(rows: dict, partial: dict[str, list[dict]]) -> dict:  # after every group of episodes
+        report = {"args": settings, "eval_s": round(time.perf_counter() - t0, 2), "rows": rows}
+        if partial:
+            report["partial"] = partial
         path.write_text(json.dumps(report, indent=2) + "\n")
         return report
 
-    rows = evaluate_modes(policy, env, tasks, cfg, args.modes(), reference, on_row=save, batch_size=args.batch_size)
-    report = save(rows)
+    rows = evaluate_modes(policy, env, tasks, cfg, args.modes(), reference, on_row=save,
+                          batch_size=args.batch_size, done=done)
+    report = save(rows, {})
     print(markdown_table(rows))
     print(json.dumps({m: {k: v for k, v in r.items() if k != "episodes"} for m, r in rows.items()}))
     return report

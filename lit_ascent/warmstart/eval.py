@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from datamodules.stream import stream_order
 from lit_ascent.envs.base import TextEnv
-from lit_ascent.evaluate import evaluate, outcome_rates
+from lit_ascent.evaluate import evaluate, record_rates
 from lit_ascent.rollout import RolloutConfig
-from lit_ascent.trajectory import Task
+from lit_ascent.trajectory import Episode, Task
 from lit_ascent.warmstart.demos import Script, check_replay, privileged_block
 
 EVAL_MODES = ("plain", "hindsight", "control")
@@ -59,26 +59,51 @@ def control_contexts(tasks: list[Task], contexts: list[str]) -> list[str]:
     return out
 
 
+def episode_record(e: Episode) -> dict:
+    """The JSON record of an evaluation episode: its summary and its decode cost."""
+    return {**e.summary(), "generated_tokens": int(e.timings.get("generated_tokens", 0)),
+            "rollout_s": round(e.timings.get("rollout_s", 0.0), 2)}
+
+
+def mode_row(records: list[dict]) -> dict:
+    """One mode's row: the rates, the task count and the decode cost of its episode records."""
+    return {**record_rates(records), "tasks": len(records),
+            "generated_tokens": sum(r["generated_tokens"] for r in records),
+            "rollout_s": round(sum(r["rollout_s"] for r in records), 2), "episodes": records}
+
+
 def evaluate_modes(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig, modes: list[str],
                    script_fn: Callable[[Task, int], Script],
-                   on_row: Callable[[dict[str, dict]], None] | None = None,
-                   batch_size: int = 1) -> dict[str, dict]:
-    """{mode: success_rate, invalid_rate, turns, tasks, ...} for each requested mode;
-    ``on_row(rows so far)`` runs after each mode (e.g. to save partial results of a long run)."""
+                   on_row: Callable[[dict[str, dict], dict[str, list[dict]]], None] | None = None,
+                   batch_size: int = 1, done: dict[str, list[dict]] | None = None) -> dict[str, dict]:
+    """{mode: success_rate, invalid_rate, turns, tasks, ...} for each requested mode.
+
+    ``on_row(rows of finished modes, {mode: records so far})`` runs after every group of
+    episodes (e.g. to save a long run's partial results); ``done[mode]`` holds records of
+    the first tasks of a mode finished earlier (an interrupted run continues after them).
+    """
     unknown = set(modes) - set(EVAL_MODES)
     if unknown:
         raise ValueError(f"warmstart eval: unknown modes {sorted(unknown)}; expected {EVAL_MODES}")
     pi = reference_contexts(policy.tokenizer, env, tasks, script_fn) if set(modes) - {"plain"} else []
-    contexts = {"plain": None, "hindsight": pi, "control": control_contexts(tasks, pi) if "control" in modes else []}
-    rows = {}
+    contexts = {"plain": [None] * len(tasks), "hindsight": pi,
+                "control": control_contexts(tasks, pi) if "control" in modes else []}
+    rows: dict[str, dict] = {}
     for mode in modes:
-        episodes = evaluate(policy, env, tasks, cfg, contexts[mode], batch_size=batch_size)
-        rows[mode] = {**outcome_rates(episodes), "tasks": len(episodes),
-                      "generated_tokens": sum(int(e.timings.get("generated_tokens", 0)) for e in episodes),
-                      "rollout_s": round(sum(e.timings.get("rollout_s", 0.0) for e in episodes), 2),
-                      "episodes": [e.summary() for e in episodes]}
+        records = list((done or {}).get(mode, []))
+        if [r["task_id"] for r in records] != [t.task_id for t in tasks[:len(records)]]:
+            raise ValueError(f"warmstart eval: the saved {mode} episodes are not the first tasks of this evaluation")
+        k = len(records)
+
+        def save(episodes: list[Episode], mode=mode, records=records) -> None:
+            if on_row is not None:
+                on_row(rows, {mode: records + [episode_record(e) for e in episodes]})
+
+        episodes = evaluate(policy, env, tasks[k:], cfg, contexts[mode][k:], batch_size=batch_size,
+                            on_group=save) if k < len(tasks) else []
+        rows[mode] = mode_row(records + [episode_record(e) for e in episodes])
         if on_row is not None:
-            on_row(rows)
+            on_row(rows, {})
     return rows
 
 
