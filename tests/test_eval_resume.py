@@ -25,7 +25,8 @@ def test_resume_keeps_saved_episodes_and_runs_only_the_rest(tmp_path):
     plain, hindsight = full["rows"]["plain"]["episodes"], full["rows"]["hindsight"]["episodes"]
     for record in plain[:1] + hindsight[:1]:
         record["marker"] = True  # kept records come back as saved, not recomputed
-    out.write_text(json.dumps({"args": full["args"], "eval_s": 5.0,
+    moved = {**full["args"], "out": "elsewhere/eval.json"}  # a moved file still resumes
+    out.write_text(json.dumps({"args": moved, "eval_s": 5.0,
                                "rows": {"plain": full["rows"]["plain"]}, "partial": {"hindsight": hindsight[:1]}}))
     assert main([*EVAL, "--out", str(out), "--resume"]) == 0
     resumed = json.loads(out.read_text())

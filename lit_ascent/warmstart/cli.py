@@ -248,8 +248,8 @@ def saved_episodes(path: Path, settings: dict) -> tuple[dict[str, list[dict]], f
         log.info("--resume: no earlier results at %s; starting from the first task", path)
         return {}, 0.0
     report = json.loads(path.read_text())
-    if report.get("args") != settings:
-        changed = sorted(k for k in settings if report.get("args", {}).get(k) != settings[k])
+    changed = sorted(k for k in settings if k != "out" and report.get("args", {}).get(k) != settings[k])
+    if changed:  # the output path is where the file is, not a setting (it may have been moved)
         raise ValueError(f"--resume: {path} was written with other settings ({', '.join(changed)}); "
                          "rerun with those settings or another --out")
     done = {m: row["episodes"] for m, row in report["rows"].items()} | report.get("partial", {})
