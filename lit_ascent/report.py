@@ -4,8 +4,10 @@
 
 Reads ``<root>/<method>/<seed>/experience.jsonl`` (one ExperienceLog record per
 task; the layout ``python -m lit_ascent.compare`` writes) and produces
-``results.md`` (mean +- std over seeds), ``results.json`` (every per-run
-number) and ``running_success.png``, ``first_token_entropy.png``,
+``results.md`` (mean +- std over seeds, then each method paired with the base
+task by task: both solved, only one, the exact McNemar p), ``results.json``
+(every per-run number), ``per_task.md`` (which run solved which task, in how
+many turns) and ``running_success.png``, ``first_token_entropy.png``,
 ``drift_kl.png``. The table computations are pure functions over the records.
 A run shorter than the longest run of its seed (a stream still in progress) is
 listed under the table and left out of it; ``--common-prefix`` instead cuts every
@@ -20,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from callbacks.report import summarize
+from lit_ascent.paired import paired_markdown, paired_rows, task_matrix
 
 Records = list[dict]
 Runs = dict[str, dict[str, Records]]  # method -> seed folder -> records in stream order
@@ -244,7 +247,15 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
                   + ", ".join(f"{n} tasks of {seed}" for seed, n in sorted(kept.items())) + ".\n\n")
     left_out = "".join(f"\nUnfinished, left out: `{run}` ({n} of {total} tasks)." for run, (n, total) in
                        sorted(unfinished.items()))
-    files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else ""))
+    paired = ""
+    if base in runs and len(runs) > 1:
+        paired = (f"\nPaired with `{base}` task by task (same seed, same tasks); p: exact McNemar test on the "
+                  "tasks only one of the two solved.\n\n" + paired_markdown(paired_rows(runs, base), base))
+    files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else "") + paired)
+    seeds = sorted({seed for by_seed in runs.values() for seed in by_seed})
+    files["per_task"] = out / "per_task.md"
+    files["per_task"].write_text("Turns to success per task ('-': not solved), stream order.\n"
+                                 + "".join(f"\n## {seed}\n\n{task_matrix(runs, seed)}" for seed in seeds))
     files["numbers"].write_text(json.dumps(table, indent=1))
     files["running_success"] = plot_curves(method_curves(runs, None), "Running success over the stream",
                                            "success so far", out / "running_success.png")

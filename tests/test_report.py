@@ -12,7 +12,7 @@ import pytest
 
 from callbacks.stream_checkpoint import STATE_FILE
 from callbacks.stream_stats import StreamStats, failed_update_share, window_invalid_rate
-from lit_ascent import compare, report
+from lit_ascent import compare, paired, report
 
 # method -> seed -> per task (task_id, verified, turns, invalid), in stream order
 STREAMS = {
@@ -248,3 +248,30 @@ def test_stream_stats_callback():
     assert restored.state_dict() == cb.state_dict()
     with pytest.raises(ValueError, match="stream_stats.window"):
         StreamStats(window=0)
+
+
+def test_paired_counts_and_mcnemar_match_hand_computation(runs_root):
+    # seed0: ascent solves a, b, c and base a, c; seed1: ascent solves all four, base a, d
+    rows = {(r["method"], r["seed"]): r for r in paired.paired_rows(report.load_runs(runs_root))}
+    assert set(rows) == {("ascent", "seed0"), ("ascent", "seed1"), ("ascent", "pooled")}
+    counts = {key: tuple(rows[key][k] for k in ("both", "only_method", "only_base", "neither")) for key in rows}
+    assert counts == {("ascent", "seed0"): (2, 1, 0, 1), ("ascent", "seed1"): (2, 2, 0, 0),
+                      ("ascent", "pooled"): (4, 3, 0, 1)}
+    # two-sided exact McNemar: 2 * P(Binomial(b + c, 1/2) <= min(b, c)), at most 1
+    assert [rows[("ascent", s)]["p"] for s in ("seed0", "seed1", "pooled")] == pytest.approx([1.0, 2 / 4, 2 / 8])
+    assert paired.mcnemar_exact_p(1, 9) == pytest.approx(2 * (1 + 10) / 2 ** 10) == paired.mcnemar_exact_p(9, 1)
+    assert paired.mcnemar_exact_p(0, 0) == 1.0 and paired.mcnemar_exact_p(3, 3) == 1.0
+    assert paired.mcnemar_exact_p(0, 6) == pytest.approx(2 / 64)
+
+
+def test_per_task_matrix_and_short_ids(runs_root, tmp_path):
+    assert paired.short_ids(["j/seen/A-1/t1/game", "j/seen/B-2/t2/game"]) == {
+        "j/seen/A-1/t1/game": "A-1/t1", "j/seen/B-2/t2/game": "B-2/t2"}
+    assert paired.short_ids(["oak door", "acacia plate"]) == {"oak door": "oak door", "acacia plate": "acacia plate"}
+    assert paired.short_ids(["x/y"]) == {"x/y": "x/y"}
+    files = report.write_report(runs_root, tmp_path / "out")
+    matrix = files["per_task"].read_text()
+    assert "| # | task | base | ascent |" in matrix  # base first, then the other methods
+    seed1 = matrix.split("## seed1")[1]
+    assert "| 0 | b | - | 6 |" in seed1 and "| 2 | d | 3 | 2 |" in seed1 and "| 3 | c | - | 5 |" in seed1
+    assert "| ascent | pooled | 4 | 3 | 0 | 1 | 0.25 |" in files["table"].read_text()
