@@ -22,10 +22,7 @@ import statistics
 from pathlib import Path
 
 from callbacks.report import summarize
-from lit_ascent.paired import paired_markdown, paired_rows, task_matrix
-
-Records = list[dict]
-Runs = dict[str, dict[str, Records]]  # method -> seed folder -> records in stream order
+from lit_ascent.paired import Records, Runs, paired_markdown, paired_rows, task_matrix
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "success": ("success (%)", 100.0),
