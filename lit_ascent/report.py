@@ -5,7 +5,8 @@
 Reads ``<root>/<method>/<seed>/experience.jsonl`` (one ExperienceLog record per
 task; the layout ``python -m lit_ascent.compare`` writes) and produces
 ``results.md`` (mean +- std over seeds, then each method paired with the base
-task by task: both solved, only one, the exact McNemar p), ``results.json``
+task by task: both solved, only one, the exact McNemar p; then what the updates
+did: count, loss, drift, first-token entropy), ``results.json``
 (every per-run number), ``per_task.md`` (which run solved which task, in how
 many turns) and ``running_success.png``, ``first_token_entropy.png``,
 ``drift_kl.png``. The table computations are pure functions over the records.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from callbacks.report import summarize
 from lit_ascent.paired import Records, Runs, paired_markdown, paired_rows, task_matrix
+from lit_ascent.update_stats import update_markdown, update_rows
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "success": ("success (%)", 100.0),
@@ -249,7 +251,9 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     if base in runs and len(runs) > 1:
         paired = (f"\nPaired with `{base}` task by task (same seed, same tasks); p: exact McNemar test on the "
                   "tasks only one of the two solved.\n\n" + paired_markdown(paired_rows(runs, base), base))
-    files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else "") + paired)
+    updates = ("\nUpdates per run: loss of the objective per updating task, drift KL(student || initial) and "
+               "entropy at the first response token over the stream (nats).\n\n" + update_markdown(update_rows(runs)))
+    files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else "") + paired + updates)
     seeds = sorted({seed for by_seed in runs.values() for seed in by_seed})
     files["per_task"] = out / "per_task.md"
     files["per_task"].write_text("Turns to success per task ('-': not solved), stream order.\n"

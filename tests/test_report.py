@@ -12,7 +12,7 @@ import pytest
 
 from callbacks.stream_checkpoint import STATE_FILE
 from callbacks.stream_stats import StreamStats, failed_update_share, window_invalid_rate
-from lit_ascent import compare, paired, report
+from lit_ascent import compare, paired, report, update_stats
 
 # method -> seed -> per task (task_id, verified, turns, invalid), in stream order
 STREAMS = {
@@ -275,3 +275,29 @@ def test_per_task_matrix_and_short_ids(runs_root, tmp_path):
     seed1 = matrix.split("## seed1")[1]
     assert "| 0 | b | - | 6 |" in seed1 and "| 2 | d | 3 | 2 |" in seed1 and "| 3 | c | - | 5 |" in seed1
     assert "| ascent | pooled | 4 | 3 | 0 | 1 | 0.25 |" in files["table"].read_text()
+
+
+def test_update_stats_match_hand_computation(runs_root, tmp_path):
+    records = [
+        {"updates": 1, "loss": {"loss/nll": 0.5, "loss/total": 0.7}, "timings": {"update_s": 2.0},
+         "diagnostics/drift_kl": 0.0, "diagnostics/first_token_entropy": 1.0},
+        {"updates": 0, "loss": {}, "timings": {"update_s": 0.0},
+         "diagnostics/drift_kl": 0.3, "diagnostics/first_token_entropy": None},
+        {"updates": 2, "loss": {"loss/divergence": 0.2}, "timings": {"update_s": 4.0},
+         "diagnostics/drift_kl": 0.1, "diagnostics/first_token_entropy": 3.0},
+        {"updates": 1, "loss": {"loss/kl": 9.0}, "timings": {}, "diagnostics/first_token_entropy": 0.5},
+    ]
+    # loss/total before the divergence; a record with neither total, divergence nor NLL gives no loss
+    assert update_stats.objective_loss({"loss/nll": 0.5, "loss/total": 0.7}) == 0.7
+    assert update_stats.objective_loss({"loss/kl": 9.0}) is None
+    assert update_stats.update_stats(records) == {
+        "updates": 4, "loss_min": 0.2, "loss_max": 0.7, "update_s": 3.0, "drift_max": 0.3,
+        "entropy_median": 1.0, "entropy_max": 3.0}
+    assert update_stats.update_stats([{"updates": 0}]) == {
+        "updates": 0, "loss_min": None, "loss_max": None, "update_s": None, "drift_max": None,
+        "entropy_median": None, "entropy_max": None}
+    # the fixture: one update per solved task (base seed0 solves 2), drift 0 for base and 0.1 * index otherwise,
+    # entropy 3.0 - 0.1 * index, no loss and no timings logged
+    table = report.write_report(runs_root, tmp_path / "out")["table"].read_text()
+    assert "| base | seed0 | 2 | - | - | 0 | 2.85 / 3 |" in table
+    assert "| ascent | seed1 | 4 | - | - | 0.3 | 2.85 / 3 |" in table

@@ -1,0 +1,63 @@
+"""What each run's updates did: how many, how large a loss, how far the student drifted.
+
+The diagnostics that explain a success table (a method that barely moves the
+student cannot change its success), read from the experience records as pure
+functions; ``python -m lit_ascent.report`` appends the table to ``results.md``.
+"""
+from __future__ import annotations
+
+import statistics
+
+from lit_ascent.paired import Records, Runs
+
+LOSS_KEYS = ("loss/total", "loss/divergence", "loss/nll")  # the objective's loss: first key a record has
+ENTROPY, DRIFT = "diagnostics/first_token_entropy", "diagnostics/drift_kl"
+
+
+def objective_loss(loss: dict) -> float | None:
+    """The loss the update minimised: ``loss/total`` when logged, else the divergence, else the NLL."""
+    return next((loss[k] for k in LOSS_KEYS if k in loss), None)
+
+
+def _values(records: Records, key: str) -> list[float]:
+    return [r[key] for r in records if r.get(key) is not None]
+
+
+def update_stats(records: Records) -> dict:
+    """One run: update count, loss per updating task (min, max), mean seconds per updating task,
+    the largest drift KL and the median and largest first-token entropy over the stream (None when not logged)."""
+    updating = [r for r in records if r.get("updates", 0) > 0]
+    losses = [v for v in (objective_loss(r.get("loss", {})) for r in updating) if v is not None]
+    seconds = [r["timings"]["update_s"] for r in updating if "update_s" in r.get("timings", {})]
+    entropy, drift = _values(records, ENTROPY), _values(records, DRIFT)
+    return {
+        "updates": sum(r.get("updates", 0) for r in records),
+        "loss_min": min(losses, default=None),
+        "loss_max": max(losses, default=None),
+        "update_s": statistics.fmean(seconds) if seconds else None,
+        "drift_max": max(drift, default=None),
+        "entropy_median": statistics.median(entropy) if entropy else None,
+        "entropy_max": max(entropy, default=None),
+    }
+
+
+def update_rows(runs: Runs) -> list[dict]:
+    """One row per (method, seed) in the order of ``runs``."""
+    return [{"method": method, "seed": seed, **update_stats(records)}
+            for method, seeds in runs.items() for seed, records in sorted(seeds.items())]
+
+
+def _num(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def update_markdown(rows: list[dict]) -> str:
+    """The update rows as a markdown table."""
+    head = ["method", "seed", "updates", "loss per update (min-max)", "s per update", "max drift KL",
+            "first-token entropy (median / max)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        loss = "-" if r["loss_min"] is None else f"{_num(r['loss_min'])}-{_num(r['loss_max'])}"
+        lines.append(f"| {r['method']} | {r['seed']} | {r['updates']} | {loss} | {_num(r['update_s'], '.1f')} "
+                     f"| {_num(r['drift_max'])} | {_num(r['entropy_median'])} / {_num(r['entropy_max'])} |")
+    return "\n".join(lines) + "\n"
