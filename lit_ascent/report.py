@@ -24,7 +24,7 @@ from pathlib import Path
 
 from callbacks.report import summarize
 from lit_ascent.paired import Records, Runs, paired_markdown, paired_rows, task_matrix
-from lit_ascent.update_stats import update_markdown, update_rows
+from lit_ascent.update_stats import DRIFT, ENTROPY, update_markdown, update_rows
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "success": ("success (%)", 100.0),
@@ -34,9 +34,8 @@ COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "fewer_turns_share": ("fewer turns than base (%)", 100.0),
 }
 DIAGNOSTICS = {  # plot name -> (JSONL key, title, y label)
-    "first_token_entropy": ("diagnostics/first_token_entropy", "Entropy of the first response token",
-                            "entropy (nats)"),
-    "drift_kl": ("diagnostics/drift_kl", "Drift KL(student || initial) at the first response token", "KL (nats)"),
+    "first_token_entropy": (ENTROPY, "Entropy of the first response token", "entropy (nats)"),
+    "drift_kl": (DRIFT, "Drift KL(student || initial) at the first response token", "KL (nats)"),
 }
 
 
