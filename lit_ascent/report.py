@@ -10,6 +10,8 @@ did: count, loss, drift, first-token entropy), ``results.json``
 (every per-run number), ``per_task.md`` (which run solved which task, in how
 many turns) and ``running_success.png``, ``first_token_entropy.png``,
 ``drift_kl.png``. The table computations are pure functions over the records.
+Finished runs are archived in ``<out>/runs`` and read back from there, so the
+report of a matrix spread over machines keeps every seed (see ``run_archive``).
 A run shorter than the longest run of its seed (a stream still in progress) is
 listed under the table and left out of it; ``--common-prefix`` instead cuts every
 run to the tasks all runs of its seed have finished.
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from callbacks.report import summarize
 from lit_ascent.paired import Records, Runs, paired_markdown, paired_rows, task_matrix
+from lit_ascent.run_archive import archive_finished, load_archive, merge_previous, merge_runs
 from lit_ascent.update_stats import DRIFT, ENTROPY, update_markdown, update_rows
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
@@ -131,21 +134,24 @@ def method_order(methods, base: str) -> list[str]:
     return sorted(methods, key=lambda m: (m != base, m))
 
 
-def comparison_table(runs: Runs, base: str = "base") -> dict[str, dict]:
-    """method -> {"per_seed": {seed: run_metrics}, "summary": {key: (mean, std, n) | None}}.
+def per_seed_metrics(runs: Runs, base: str = "base") -> dict[str, dict[str, dict]]:
+    """method -> seed -> run_metrics; the base run of the same seed folder is the fewer-turns reference."""
+    return {method: {seed: run_metrics(records, runs.get(base, {}).get(seed) if method != base else None)
+                     for seed, records in seeds.items()} for method, seeds in runs.items()}
 
-    The base run of the same seed folder is the reference for fewer_turns_share
-    (the base row itself gets None there).
-    """
+
+def summary_table(per_seed: dict[str, dict[str, dict]], base: str = "base") -> dict[str, dict]:
+    """method -> {"per_seed": {seed: metrics}, "summary": {key: (mean, std, n) | None}}, base first."""
     table = {}
-    for method in method_order(runs, base):
-        per_seed = {}
-        for seed, records in sorted(runs[method].items()):
-            ref = runs.get(base, {}).get(seed) if method != base else None
-            per_seed[seed] = run_metrics(records, ref)
-        summary = {k: mean_std([m[k] for m in per_seed.values()]) for k in COLUMNS}
-        table[method] = {"per_seed": per_seed, "summary": summary}
+    for method in method_order(per_seed, base):
+        seeds = dict(sorted(per_seed[method].items()))
+        table[method] = {"per_seed": seeds, "summary": {k: mean_std([m[k] for m in seeds.values()]) for k in COLUMNS}}
     return table
+
+
+def comparison_table(runs: Runs, base: str = "base") -> dict[str, dict]:
+    """The table of ``runs`` (the base row gets None for fewer_turns_share)."""
+    return summary_table(per_seed_metrics(runs, base), base)
 
 
 def format_cell(stat: tuple[float, float, int] | None, scale: float) -> str:
@@ -220,15 +226,20 @@ def plot_curves(curves: dict, title: str, ylabel: str, path: Path) -> Path:
     return path
 
 
-def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False) -> dict[str, Path]:
-    """Read the runs under ``root`` and write the table, the numbers and the plots into ``out``.
+def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False,
+                 previous: Path | None = None) -> dict[str, Path]:
+    """Read the runs under ``root`` and those archived in ``out/runs``; write the table, the numbers and the plots.
 
-    ``prefix``: compare every run on its seed's common prefix (runs in progress
-    included) instead of leaving unfinished runs out.
+    Finished runs under ``root`` are archived first (``run_archive``). ``prefix``:
+    compare every run on its seed's common prefix (runs in progress included)
+    instead of leaving unfinished runs out. ``previous``: an earlier report's
+    results.json whose per-seed figures fill in runs that have no log here.
     """
-    runs = load_runs(root)
+    archive = out / "runs"
+    archive_finished(root, archive)
+    runs = merge_runs(load_archive(archive), load_runs(root))
     if not runs:
-        raise FileNotFoundError(f"no <method>/<seed>/experience.jsonl under {root}")
+        raise FileNotFoundError(f"no <method>/<seed>/experience.jsonl under {root} and no archived run in {archive}")
     out.mkdir(parents=True, exist_ok=True)
     if prefix:
         runs, kept = common_prefix(runs)
@@ -236,14 +247,22 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     else:
         runs, unfinished = split_unfinished(runs)
     runs = {m: runs[m] for m in method_order(runs, base)}
-    table = comparison_table(runs, base)
+    per_seed = per_seed_metrics(runs, base)
+    taken = merge_previous(per_seed, json.loads(previous.read_text())) if previous else {}
+    table = summary_table(per_seed, base)
     files = {"table": out / "results.md", "numbers": out / "results.json"}
-    intro = (f"Runs under `{root}`: mean ± sample std over seeds. Invalid rate = invalid actions / turns. "
+    intro = (f"Runs under `{root}` and archived in `{archive}`: mean ± sample std over seeds. "
+             "Invalid rate = invalid actions / turns. "
              f"'Fewer turns than base': on tasks solved by the method and by `{base}` on the same seed, "
              "the share where the method needed fewer turns.\n\n")
     if prefix:
         intro += ("Common prefix (some streams still running): every run cut to the first "
                   + ", ".join(f"{n} tasks of {seed}" for seed, n in sorted(kept.items())) + ".\n\n")
+    if taken:
+        intro += (f"Per-seed figures carried over from `{previous}` (their episode logs were not kept): "
+                  + ", ".join(f"{m} {'/'.join(seeds)}" for m, seeds in taken.items())
+                  + ". They count in the mean ± std above, not in the paired and update tables, "
+                  "the per-task matrix or the plots.\n\n")
     left_out = "".join(f"\nUnfinished, left out: `{run}` ({n} of {total} tasks)." for run, (n, total) in
                        sorted(unfinished.items()))
     paired = ""
@@ -272,8 +291,10 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     p.add_argument("--base", default="base", help="method folder used as the base-model reference")
     p.add_argument("--common-prefix", action="store_true",
                    help="compare all runs on the tasks every run of the seed has finished (streams in progress)")
+    p.add_argument("--previous", type=Path, default=None,
+                   help="an earlier report's results.json: per-seed figures for runs without a log")
     args = p.parse_args(argv)
-    files = write_report(args.root, args.out, args.base, args.common_prefix)
+    files = write_report(args.root, args.out, args.base, args.common_prefix, args.previous)
     print(files["table"].read_text())
     for name, path in files.items():
         print(f"{name}: {path}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from callbacks.stream_checkpoint import STATE_FILE
 from callbacks.stream_stats import StreamStats, failed_update_share, window_invalid_rate
-from lit_ascent import compare, paired, report, update_stats
+from lit_ascent import compare, paired, report, run_archive, update_stats
 
 # method -> seed -> per task (task_id, verified, turns, invalid), in stream order
 STREAMS = {
@@ -128,6 +129,42 @@ def test_write_report_files(runs_root, tmp_path):
 def test_report_without_runs_fails(tmp_path):
     with pytest.raises(FileNotFoundError, match="experience.jsonl"):
         report.write_report(tmp_path, tmp_path / "out")
+
+
+def test_finished_runs_are_archived_and_outlive_the_run_folder(runs_root, tmp_path):
+    out = tmp_path / "results"
+    for method in ("base", "ascent"):  # seed1 of both is finished; seed0 runs have no marker (in progress)
+        (runs_root / method / "seed1" / compare.MARKER).write_text("{}")
+    before = json.loads(report.write_report(runs_root, out)["numbers"].read_text())
+    assert sorted(p.relative_to(out / "runs").as_posix() for p in (out / "runs").rglob("*.gz")) == \
+        ["ascent/seed1.jsonl.gz", "base/seed1.jsonl.gz"]
+    assert run_archive.read_records(out / "runs" / "ascent" / "seed1.jsonl.gz") == \
+        report.load_runs(runs_root)["ascent"]["seed1"]
+    shutil.rmtree(runs_root)  # a new machine: only the committed report folder is left
+    after = json.loads(report.write_report(runs_root, out)["numbers"].read_text())
+    assert after["ascent"]["per_seed"] == {"seed1": before["ascent"]["per_seed"]["seed1"]}
+    assert after["ascent"]["per_seed"]["seed1"]["success"] == pytest.approx(1.0)
+
+
+def test_merge_runs_prefers_the_longer_log_then_the_live_one():
+    a, b, c = records_of([("a", 1, 3, 0)]), records_of([("a", 0, 9, 0), ("b", 1, 2, 0)]), records_of([("a", 0, 5, 0)])
+    merged = run_archive.merge_runs({"m": {"s0": b, "s1": a}, "n": {"s0": a}}, {"m": {"s0": a, "s1": c}})
+    assert merged == {"m": {"s0": b, "s1": c}, "n": {"s0": a}}
+
+
+def test_previous_per_seed_figures_enter_the_summary_only(runs_root, tmp_path):
+    old = report.comparison_table({m: {"seed7": seeds["seed0"]} for m, seeds in report.load_runs(runs_root).items()})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    shutil.rmtree(runs_root / "ascent" / "seed1")
+    files = report.main([str(runs_root), "--out", str(tmp_path / "out"), "--previous", str(tmp_path / "old.json")])
+    table = json.loads(files["numbers"].read_text())
+    assert sorted(table["ascent"]["per_seed"]) == ["seed0", "seed7"] and sorted(table["base"]["per_seed"]) == \
+        ["seed0", "seed1", "seed7"]
+    mean, _, n = table["ascent"]["summary"]["success"]
+    assert (mean, n) == (pytest.approx(0.75), 2)  # seed0 here and the same stream as seed7 in the old report
+    text = files["table"].read_text()
+    assert "carried over from" in text and "base seed7, ascent seed7" in text
+    assert "seed7" not in files["per_task"].read_text()
 
 
 # ---- the comparison runner ---------------------------------------------------------------

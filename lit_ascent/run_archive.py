@@ -1,0 +1,76 @@
+"""Keep finished comparison runs with their report, so a matrix can span machines.
+
+``runs/`` is scratch: a sitting on a new machine starts without it. The report
+therefore copies every finished run's experience log (a run whose folder holds
+compare's ``done.json``) into ``<report folder>/runs/<method>/<seed>.jsonl.gz``,
+which is committed with the table, and reads that archive back next time
+together with whatever ``runs/`` holds (the longer log of a run wins; on a tie
+the live folder). Per-seed figures of runs whose logs were never archived can
+be carried over from an earlier report's ``results.json`` (``merge_previous``).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from lit_ascent.compare import LOG_NAME, MARKER
+from lit_ascent.paired import Records, Runs
+
+SUFFIX = ".jsonl.gz"
+
+
+def archive_finished(root: Path, archive: Path) -> list[Path]:
+    """Copy each finished run's log under ``root`` into ``archive``; returns the files written."""
+    written = []
+    for marker in sorted(Path(root).glob(f"*/*/{MARKER}")):
+        run_dir = marker.parent
+        log = run_dir / LOG_NAME
+        if not log.is_file():
+            continue
+        dest = archive / run_dir.parent.name / f"{run_dir.name}{SUFFIX}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(gzip.compress(log.read_bytes(), mtime=0))  # mtime 0: the same log, the same bytes
+        written.append(dest)
+    return written
+
+
+def read_records(path: Path) -> Records:
+    """One archived run's records in stream order."""
+    with gzip.open(path, "rt") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return sorted(records, key=lambda r: r["task_index"])
+
+
+def load_archive(archive: Path) -> Runs:
+    """All runs under ``archive``: ``<method>/<seed>.jsonl.gz``."""
+    runs: Runs = {}
+    for path in sorted(Path(archive).glob(f"*/*{SUFFIX}")):
+        runs.setdefault(path.parent.name, {})[path.name[:-len(SUFFIX)]] = read_records(path)
+    return runs
+
+
+def merge_runs(archived: Runs, live: Runs) -> Runs:
+    """Union of both; where a run is in both, the one with more records (the live one on a tie)."""
+    merged: Runs = {m: dict(seeds) for m, seeds in archived.items()}
+    for method, seeds in live.items():
+        for seed, records in seeds.items():
+            if len(records) >= len(merged.get(method, {}).get(seed, [])):
+                merged.setdefault(method, {})[seed] = records
+    return merged
+
+
+def merge_previous(per_seed: dict[str, dict[str, dict]], previous: dict) -> dict[str, list[str]]:
+    """Add to ``per_seed`` (method -> seed -> run metrics) the seeds an earlier report's table has and it lacks.
+
+    ``previous`` is a loaded ``results.json``. Changes ``per_seed`` in place; returns
+    {method: [seeds taken from previous]}.
+    """
+    taken: dict[str, list[str]] = {}
+    for method, entry in previous.items():
+        mine = per_seed.setdefault(method, {})
+        for seed, metrics in entry["per_seed"].items():
+            if seed not in mine:
+                mine[seed] = metrics
+                taken.setdefault(method, []).append(seed)
+    return taken
