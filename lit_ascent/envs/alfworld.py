@@ -12,6 +12,7 @@ the admissible commands of the current state and the game did not answer
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ from typing import Iterator
 
 from lit_ascent.envs.base import StepResult, TextEnv
 from lit_ascent.trajectory import Task
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("valid_seen", "valid_unseen", "valid_train")
 FAMILIES = (
@@ -311,8 +314,8 @@ def _close_game(game) -> None:
         game.close()
         if lib is not None:
             lib.cleanup()
-    except Exception:  # best effort: a small leak is better than a crash
-        pass
+    except Exception as err:  # best effort: a small leak is better than a crash
+        log.warning("ALFWorld: closing a game's engine failed (%s: %s); continuing", type(err).__name__, err)
 
 
 _SYSTEM_PROMPT = """\
