@@ -13,7 +13,8 @@ cannot undo what defines the method (objective, gate). A seed sets
 ``seed_everything`` (LoRA init) and, unless ``--fixed-stream``, ``data.seed``
 (stream order and reset seeds); all methods of a seed share the same stream.
 A finished run (``done.json`` marker, or an experience log with num_tasks
-lines) is skipped. An unfinished one that holds a stream checkpoint
+lines, or a log in the report's archive given by ``--archive``, see
+``run_archive``) is skipped. An unfinished one that holds a stream checkpoint
 (``stream_state.pt``, written after every task by the env configs) is continued
 from it with ``--ckpt_path <run folder>``, so a long run can be spread over
 several sittings (stop it with Ctrl-C or SIGKILL, rerun the same command); an
@@ -31,11 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from callbacks.stream_checkpoint import STATE_FILE
+from lit_ascent.run_archive import LOG_NAME, MARKER, archived_path, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "train.py"
-MARKER = "done.json"
-LOG_NAME = "experience.jsonl"
 METHOD_DIRS = ("configs/methods", "configs/ablations")
 
 
@@ -106,6 +106,14 @@ def is_finished(run_dir: Path, num_tasks: int | None) -> bool:
     return num_tasks is not None and count_records(run_dir) >= num_tasks
 
 
+def is_archived(spec: RunSpec, archive: Path | None, num_tasks: int | None) -> bool:
+    """A report folder's archive (``<report>/runs``) already holds this cell's finished log."""
+    if archive is None:
+        return False
+    path = archived_path(archive, spec.method, spec.run_dir.name)
+    return path.is_file() and (num_tasks is None or len(read_records(path)) >= num_tasks)
+
+
 def resume_command(spec: RunSpec, cmd: list[str]) -> list[str] | None:
     """``cmd`` continued from the cell's stream checkpoint, or None when it has none."""
     if not (spec.run_dir / STATE_FILE).is_file():
@@ -137,13 +145,14 @@ def run_one(spec: RunSpec, cmd: list[str], num_tasks: int | None) -> bool:
 
 
 def run_matrix(specs: list[RunSpec], env_config: Path, extra_configs: list[Path], num_tasks: int | None,
-               fixed_stream: bool = False, dry_run: bool = False) -> dict[str, list[RunSpec]]:
-    """Run every unfinished cell in order; returns {"done", "skipped", "failed"} lists."""
+               fixed_stream: bool = False, dry_run: bool = False, archive: Path | None = None,
+               ) -> dict[str, list[RunSpec]]:
+    """Run every cell that is neither finished nor in ``archive``, in order; returns {"done", "skipped", "failed"}."""
     result: dict[str, list[RunSpec]] = {"done": [], "skipped": [], "failed": []}
     for i, spec in enumerate(specs):
         cmd = train_command(spec, env_config, extra_configs, num_tasks, fixed_stream)
         tag = f"[{i + 1}/{len(specs)}] {spec.method} seed {spec.seed}"
-        if is_finished(spec.run_dir, num_tasks):
+        if is_finished(spec.run_dir, num_tasks) or is_archived(spec, archive, num_tasks):
             print(f"{tag}: finished already, skipped", flush=True)
             result["skipped"].append(spec)
             continue
@@ -170,6 +179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="overlays applied after the env config and before the method")
     p.add_argument("--fixed-stream", action="store_true",
                    help="keep the config's data.seed for every seed (seeds then vary only the LoRA init)")
+    p.add_argument("--archive", type=Path, default=None,
+                   help="a report's archive (docs/results/<name>/runs): cells whose log is there are skipped")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     if args.num_tasks is not None and args.num_tasks < 1:
@@ -187,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(err, file=sys.stderr)
         return 2
-    result = run_matrix(specs, args.env_config, args.extra_config, args.num_tasks, args.fixed_stream, args.dry_run)
+    result = run_matrix(specs, args.env_config, args.extra_config, args.num_tasks, args.fixed_stream, args.dry_run,
+                        args.archive)
     print(f"done {len(result['done'])}, skipped {len(result['skipped'])}, failed {len(result['failed'])}; "
           f"report: python -m lit_ascent.report {args.out} --out docs/results/<name>")
     return 1 if result["failed"] else 0

@@ -14,10 +14,17 @@ import gzip
 import json
 from pathlib import Path
 
-from lit_ascent.compare import LOG_NAME, MARKER
 from lit_ascent.paired import Records, Runs
 
+MARKER = "done.json"
+"""Written by compare into a run folder when the run finished its stream."""
+LOG_NAME = "experience.jsonl"
 SUFFIX = ".jsonl.gz"
+
+
+def archived_path(archive: Path, method: str, seed_folder: str) -> Path:
+    """Where the archive keeps the log of ``<method>/<seed_folder>``."""
+    return archive / method / f"{seed_folder}{SUFFIX}"
 
 
 def archive_finished(root: Path, archive: Path) -> list[Path]:
@@ -28,7 +35,7 @@ def archive_finished(root: Path, archive: Path) -> list[Path]:
         log = run_dir / LOG_NAME
         if not log.is_file():
             continue
-        dest = archive / run_dir.parent.name / f"{run_dir.name}{SUFFIX}"
+        dest = archived_path(archive, run_dir.parent.name, run_dir.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(gzip.compress(log.read_bytes(), mtime=0))  # mtime 0: the same log, the same bytes
         written.append(dest)

@@ -1,6 +1,7 @@
 """Comparison report (table + plots), the comparison runner's bookkeeping, and StreamStats."""
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import shutil
@@ -221,6 +222,21 @@ def test_runner_marks_finished_and_skips(tmp_path, monkeypatch):
     again = compare.run_matrix(specs, Path("env.yaml"), [], num_tasks=2)
     assert [s.method for s in again["skipped"]] == ["base"]
     assert compare.is_finished(specs[1].run_dir, 1) and not compare.is_finished(specs[1].run_dir, None)
+
+
+def test_runner_skips_cells_the_report_archive_holds(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(compare, "run_one", lambda spec, cmd, n: ran.append(spec.method) or True)
+    archive = tmp_path / "report" / "runs"
+    path = run_archive.archived_path(archive, "base", "seed0")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in records_of(STREAMS["base"]["seed0"]))))
+    specs = compare.plan(["base", "rft"], [0], tmp_path / "runs")
+    result = compare.run_matrix(specs, Path("env.yaml"), [], num_tasks=4, archive=archive)
+    assert [s.method for s in result["skipped"]] == ["base"] and ran == ["rft"]
+    ran.clear()
+    compare.run_matrix(specs, Path("env.yaml"), [], num_tasks=5, archive=archive)  # a longer stream: not the same cell
+    assert ran == ["base", "rft"]
 
 
 def test_runner_continues_a_cell_from_its_stream_checkpoint(tmp_path, monkeypatch):
