@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -354,3 +355,12 @@ def test_update_stats_match_hand_computation(runs_root, tmp_path):
     table = report.write_report(runs_root, tmp_path / "out")["table"].read_text()
     assert "| base | seed0 | 2 | - | - | 0 | 2.85 / 3 |" in table
     assert "| ascent | seed1 | 4 | - | - | 0.3 | 2.85 / 3 |" in table
+
+
+def test_archived_logs_are_not_git_ignored():
+    """runs/ (scratch) is ignored, the archive inside a report folder must not be, or it never gets committed."""
+    if not (compare.REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    check = ["git", "-C", str(compare.REPO), "check-ignore", "-q"]
+    assert subprocess.run([*check, "runs/compare/base/seed0/experience.jsonl"]).returncode == 0
+    assert subprocess.run([*check, "docs/results/any_bench/runs/base/seed0.jsonl.gz"]).returncode == 1
