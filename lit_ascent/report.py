@@ -26,7 +26,7 @@ from pathlib import Path
 
 from callbacks.report import summarize
 from lit_ascent.paired import Records, Runs, paired_markdown, paired_rows, task_matrix
-from lit_ascent.run_archive import archive_finished, load_archive, merge_previous, merge_runs
+from lit_ascent.run_archive import archive_finished, load_archive, merge_previous, merge_runs, read_records
 from lit_ascent.update_stats import DRIFT, ENTROPY, update_markdown, update_rows
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
@@ -42,18 +42,11 @@ DIAGNOSTICS = {  # plot name -> (JSONL key, title, y label)
 }
 
 
-def read_jsonl(path: Path) -> Records:
-    """Records of one run, sorted by stream position (blank lines ignored)."""
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return sorted(records, key=lambda r: r["task_index"])
-
-
 def load_runs(root: Path, filename: str = "experience.jsonl") -> Runs:
     """All runs under ``root``: ``root/<method>/<seed>/<filename>``."""
     runs: Runs = {}
     for path in sorted(Path(root).glob(f"*/*/{filename}")):
-        runs.setdefault(path.parent.parent.name, {})[path.parent.name] = read_jsonl(path)
+        runs.setdefault(path.parent.parent.name, {})[path.parent.name] = read_records(path)
     return runs
 
 

@@ -43,8 +43,8 @@ def archive_finished(root: Path, archive: Path) -> list[Path]:
 
 
 def read_records(path: Path) -> Records:
-    """One archived run's records in stream order."""
-    with gzip.open(path, "rt") as f:
+    """One run's records (an experience log, gzipped or not) in stream order; blank lines ignored."""
+    with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rt") as f:
         records = [json.loads(line) for line in f if line.strip()]
     return sorted(records, key=lambda r: r["task_index"])
 
