@@ -24,6 +24,11 @@ after the checkpoint are dropped, and those tasks are redone, so no task is
 missing or repeated. TensorBoard may keep the scalars of the one task that was
 interrupted (they are logged again, at the same step, when it is redone).
 
+A stream that ran all its tasks but was stopped before its end-of-stream hooks
+had finished (final adapter, summary, a transfer evaluation) runs those hooks
+when it is resumed; once they have run, the checkpoint is marked ``finished``
+and a resume has nothing left to do.
+
 A fresh run refuses a run folder that already holds a checkpoint (pass
 ``--ckpt_path`` to continue it, or choose another logger version).
 """
@@ -135,6 +140,7 @@ class StreamCheckpoint(Checkpoint):
         self.path: Path | None = None
         self._state: dict | None = None
         self._rng: dict | None = None
+        self._cursor = 0
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
@@ -153,7 +159,14 @@ class StreamCheckpoint(Checkpoint):
                              "(data.env, data.num_tasks, data.seed, data.shuffle, data.balance_by must match)")
         trainer.datamodule.start = state["cursor"]
         self._state = state
-        rank_zero_info(f"resuming the stream in {self.path.parent} at task {state['cursor']} of {len(stream)}")
+        where = f"the stream in {self.path.parent}"
+        if state["cursor"] < len(stream):
+            rank_zero_info(f"resuming {where} at task {state['cursor']} of {len(stream)}")
+        elif state.get("finished"):
+            rank_zero_info(f"{where} has finished all {len(stream)} tasks: nothing left to run")
+        else:
+            rank_zero_info(f"{where} ran all {len(stream)} tasks but was stopped in its end-of-stream "
+                           "hooks (final adapter, summary, transfer evaluation): running them now")
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self._state is None:
@@ -165,6 +178,9 @@ class StreamCheckpoint(Checkpoint):
                 cb.load_state_dict(state["callbacks"][cb.state_key])
         _load_loop_state(trainer, state["loops"])
         self._rng = state["rng"]  # set when the first task starts, after the loader drew its seed
+        self._cursor = state["cursor"]
+        if self._cursor == len(trainer.datamodule.stream) and not state.get("finished"):
+            trainer.fit_loop.on_run_end()  # no batch is left, so Lightning would skip on_train_end
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._rng is not None:
@@ -172,9 +188,14 @@ class StreamCheckpoint(Checkpoint):
             self._rng = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        cursor = batch[0].index + 1
+        self._cursor = cursor = batch[0].index + 1
         if cursor % self.every_n_tasks == 0 or cursor == len(trainer.datamodule.stream):
             self.save(trainer, pl_module, cursor)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # a Checkpoint, so this runs after the other callbacks' end-of-stream hooks
+        if trainer.global_rank == 0 and self._cursor == len(trainer.datamodule.stream):
+            save_atomic({**load_state(self.path), "finished": True}, self.path)
 
     def save(self, trainer, pl_module, cursor: int) -> None:
         """Write the state after ``cursor`` tasks (rank 0 only)."""

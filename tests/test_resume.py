@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from lit_ascent.objectives.base import LossOutput
 ROOT = Path(__file__).resolve().parents[1]
 KILL = "LIT_ASCENT_TEST_KILL"
 """'<task index>:<point>', point: start (before the rollout) | episode (after the rollout,
-before the update) | partial_line (crash in the middle of writing the task's log line)."""
+before the update) | partial_line (crash in the middle of writing the task's log line) |
+end (in the end-of-stream hooks, before the final adapter is saved; the index is ignored)."""
 NUM_TASKS = 6
 
 CONFIG = f"""
@@ -105,6 +107,10 @@ class KillSwitch(L.Callback):
             (run_dir(trainer) / "stream_state.pt.tmp").write_bytes(b"half a checkpoint")
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.point == "end":  # a user callback: runs before the CLI's AdapterCheckpoint
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 def _child(args: list[str], kill: str) -> None:
     torch.set_num_threads(1)
@@ -144,8 +150,11 @@ def curves(folder: Path, keys=("stream/success", "stream/success_rate", "train/u
     return {k: {e.step: e.value for e in acc.Scalars(k)} for k in keys}
 
 
-def adapter(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(folder / "adapter" / "final" / "adapter_model.safetensors"))
+def assert_same_adapter(folder: Path, ref: Path) -> None:
+    a, b = (load_file(str(f / "adapter" / "final" / "adapter_model.safetensors")) for f in (folder, ref))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")
@@ -188,10 +197,7 @@ def test_killed_stream_resumes_exactly(runs, name, kill, every, runner):
     assert got == want
     logged = curves(folder)
     assert logged == curves(ref) and sorted(logged["stream/success"]) == list(range(NUM_TASKS))
-    a, b = adapter(folder), adapter(ref)
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    assert_same_adapter(folder, ref)
     final, ref_final = load_state(folder / "stream_state.pt"), load_state(ref / "stream_state.pt")
     assert final["module"]["counters"] == ref_final["module"]["counters"]
     assert final["module"]["counters"]["updates"] > 0  # the stream did learn something
@@ -202,6 +208,29 @@ def test_killed_stream_resumes_exactly(runs, name, kill, every, runner):
                                rtol=0, atol=0)
     assert final["callbacks"]["StreamReport"] == ref_final["callbacks"]["StreamReport"]
     assert final["loops"] == ref_final["loops"]
+
+
+def test_stream_killed_in_its_end_hooks_runs_them_on_resume(runs):
+    root, cfg = runs
+    ref = root / "stream" / "reference"
+    assert load_state(ref / "stream_state.pt")["finished"] is True
+    common = ["--config", str(cfg), "--trainer.logger.init_args.name", "end_hooks"]
+    assert fit_forked([*common, "--trainer.logger.init_args.version", "run"], kill="0:end") == -signal.SIGKILL
+    folder = root / "end_hooks" / "run"
+    saved = load_state(folder / "stream_state.pt")
+    assert saved["cursor"] == NUM_TASKS and not saved.get("finished")
+    assert not (folder / "adapter" / "final").exists()
+
+    resume = [*common, "--ckpt_path", str(folder)]
+    assert fit_forked(resume) == 0  # nothing left to roll out: only the end-of-stream hooks run
+    assert outcomes(folder) == outcomes(ref)
+    assert_same_adapter(folder, ref)
+    assert load_state(folder / "stream_state.pt")["finished"] is True
+
+    shutil.rmtree(folder / "adapter" / "final")
+    assert fit_forked(resume) == 0  # finished: a second resume runs nothing, not even the hooks
+    assert outcomes(folder) == outcomes(ref)
+    assert not (folder / "adapter" / "final").exists()
 
 
 def test_resolve_resume_errors_name_the_path(tmp_path):
