@@ -13,11 +13,12 @@ cannot undo what defines the method (objective, gate). A seed sets
 ``seed_everything`` (LoRA init) and, unless ``--fixed-stream``, ``data.seed``
 (stream order and reset seeds); all methods of a seed share the same stream.
 A finished run (``done.json`` marker, or an experience log with num_tasks
-lines, or a log in the report's archive given by ``--archive``, see
-``run_archive``) is skipped. An unfinished one that holds a stream checkpoint
+lines and no stream checkpoint, or a log in the report's archive given by
+``--archive``, see ``run_archive``) is skipped. Any other one that holds a stream checkpoint
 (``stream_state.pt``, written after every task by the env configs) is continued
 from it with ``--ckpt_path <run folder>``, so a long run can be spread over
-several sittings (stop it with Ctrl-C or SIGKILL, rerun the same command); an
+several sittings (stop it with Ctrl-C or SIGKILL, rerun the same command; a run
+killed after its last task finishes its end-of-stream hooks and gets its marker); an
 unfinished one without a checkpoint is deleted and run again from the start.
 """
 from __future__ import annotations
@@ -100,10 +101,11 @@ def count_records(run_dir: Path) -> int:
 
 
 def is_finished(run_dir: Path, num_tasks: int | None) -> bool:
-    """The marker exists, or the experience log already holds ``num_tasks`` records."""
+    """The marker exists, or the experience log holds ``num_tasks`` records of a run without a stream
+    checkpoint (one with a checkpoint is continued instead: its end-of-stream hooks may not have run)."""
     if (run_dir / MARKER).is_file():
         return True
-    return num_tasks is not None and count_records(run_dir) >= num_tasks
+    return num_tasks is not None and not (run_dir / STATE_FILE).is_file() and count_records(run_dir) >= num_tasks
 
 
 def is_archived(spec: RunSpec, archive: Path | None, num_tasks: int | None) -> bool:

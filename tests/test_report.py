@@ -223,6 +223,8 @@ def test_runner_marks_finished_and_skips(tmp_path, monkeypatch):
     again = compare.run_matrix(specs, Path("env.yaml"), [], num_tasks=2)
     assert [s.method for s in again["skipped"]] == ["base"]
     assert compare.is_finished(specs[1].run_dir, 1) and not compare.is_finished(specs[1].run_dir, None)
+    (specs[1].run_dir / STATE_FILE).write_bytes(b"")  # a full log with a checkpoint: continued, not skipped
+    assert not compare.is_finished(specs[1].run_dir, 1)
 
 
 def test_runner_skips_cells_the_report_archive_holds(tmp_path, monkeypatch):
