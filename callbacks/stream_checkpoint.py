@@ -141,6 +141,7 @@ class StreamCheckpoint(Checkpoint):
         self._state: dict | None = None
         self._rng: dict | None = None
         self._cursor = 0
+        self._end_hooks_pending = False
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
@@ -160,9 +161,10 @@ class StreamCheckpoint(Checkpoint):
         trainer.datamodule.start = state["cursor"]
         self._state = state
         where = f"the stream in {self.path.parent}"
+        self._end_hooks_pending = state["cursor"] == len(stream) and not state.get("finished")
         if state["cursor"] < len(stream):
             rank_zero_info(f"resuming {where} at task {state['cursor']} of {len(stream)}")
-        elif state.get("finished"):
+        elif not self._end_hooks_pending:
             rank_zero_info(f"{where} has finished all {len(stream)} tasks: nothing left to run")
         else:
             rank_zero_info(f"{where} ran all {len(stream)} tasks but was stopped in its end-of-stream "
@@ -179,7 +181,7 @@ class StreamCheckpoint(Checkpoint):
         _load_loop_state(trainer, state["loops"])
         self._rng = state["rng"]  # set when the first task starts, after the loader drew its seed
         self._cursor = state["cursor"]
-        if self._cursor == len(trainer.datamodule.stream) and not state.get("finished"):
+        if self._end_hooks_pending:
             trainer.fit_loop.on_run_end()  # no batch is left, so Lightning would skip on_train_end
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
