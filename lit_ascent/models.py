@@ -17,9 +17,9 @@ import sys
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -156,7 +156,7 @@ def _load_base(cfg: ModelConfig, dtype: torch.dtype):
     return model, tok
 
 
-def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> "Policy":
+def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> Policy:
     """Base model (+ merged warm start) with a fresh LoRA adapter; only LoRA trains."""
     from peft import LoraConfig, PeftModel, get_peft_model
 

@@ -87,7 +87,7 @@ def test_embedded_gguf_fetch_is_safe_when_two_runs_start_together(tmp_path, monk
     import threading
     import zipfile
 
-    import lit_ascent.models as models
+    from lit_ascent import models
 
     both_downloading = threading.Barrier(2, timeout=10)
 
