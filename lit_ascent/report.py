@@ -150,8 +150,8 @@ def comparison_table(runs: Runs, base: str = "base") -> dict[str, dict]:
 def format_cell(stat: tuple[float, float, int] | None, scale: float) -> str:
     if stat is None:
         return "-"
-    mean, std, _ = stat
-    return f"{mean * scale:.1f} ± {std * scale:.1f}"
+    mean, std, _ = stat  # rounded to 9 places first: equal means must not round apart on float noise
+    return f"{round(mean * scale, 9):.1f} ± {round(std * scale, 9):.1f}"
 
 
 def markdown_table(table: dict[str, dict]) -> str:

@@ -86,6 +86,13 @@ def test_markdown_row(runs_root):
     assert base_row.endswith("| - |")  # no fewer-turns share against itself
 
 
+def test_equal_means_format_alike_despite_float_noise():
+    # 9/40 and 8/40 against 10/40 and 7/40: both mean 21.25%, computed as 21.250000000000004 and 21.25
+    pairs = ([9 / 40, 8 / 40], [10 / 40, 7 / 40])
+    cells = {report.format_cell(report.mean_std(rates), 100.0).split(" ± ")[0] for rates in pairs}
+    assert cells == {"21.2"}
+
+
 def test_a_run_still_in_progress_is_listed_not_averaged(runs_root, tmp_path):
     partial = runs_root / "rft" / "seed0"
     partial.mkdir(parents=True)
