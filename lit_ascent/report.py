@@ -199,7 +199,12 @@ def method_curves(runs: Runs, key: str | None) -> dict[str, tuple[list[int], lis
     return curves
 
 
-def plot_curves(curves: dict, title: str, ylabel: str, path: Path) -> Path:
+def curve_labels(runs: Runs) -> dict[str, str]:
+    """Legend entries that say how many seeds each method's curve averages (methods can differ)."""
+    return {m: f"{m} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})" for m, seeds in runs.items()}
+
+
+def plot_curves(curves: dict, title: str, ylabel: str, path: Path, labels: dict[str, str] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,7 +212,7 @@ def plot_curves(curves: dict, title: str, ylabel: str, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, (method, (x, y)) in enumerate(curves.items()):  # line styles keep identical curves apart
-        ax.plot(x, y, label=method, linestyle=("-", "--", ":", "-.")[i % 4], linewidth=2.2 - 0.2 * (i % 6),
+        ax.plot(x, y, label=(labels or {}).get(method, method), linestyle=("-", "--", ":", "-.")[i % 4], linewidth=2.2 - 0.2 * (i % 6),
                 marker="." if len(x) < 30 else None)
     ax.set(title=title, xlabel="task index in the stream", ylabel=ylabel)
     ax.grid(alpha=0.3)
@@ -270,10 +275,11 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     files["per_task"].write_text("Turns to success per task ('-': not solved), stream order.\n"
                                  + "".join(f"\n## {seed}\n\n{task_matrix(runs, seed)}" for seed in seeds))
     files["numbers"].write_text(json.dumps(table, indent=1))
+    labels = curve_labels(runs)
     files["running_success"] = plot_curves(method_curves(runs, None), "Running success over the stream",
-                                           "success so far", out / "running_success.png")
+                                           "success so far", out / "running_success.png", labels)
     for name, (key, title, ylabel) in DIAGNOSTICS.items():
-        files[name] = plot_curves(method_curves(runs, key), title, ylabel, out / f"{name}.png")
+        files[name] = plot_curves(method_curves(runs, key), title, ylabel, out / f"{name}.png", labels)
     return files
 
 

@@ -125,6 +125,11 @@ def test_running_success_and_curves(runs_root):
     assert drift == pytest.approx([0.0, 0.1, 0.2, 0.3])
 
 
+def test_curve_labels_count_seeds():
+    runs = {"base": {"seed0": [], "seed1": []}, "ascent": {"seed0": []}}
+    assert report.curve_labels(runs) == {"base": "base (2 seeds)", "ascent": "ascent (1 seed)"}
+
+
 def test_write_report_files(runs_root, tmp_path):
     files = report.main([str(runs_root), "--out", str(tmp_path / "out")])
     for name in ("running_success", "first_token_entropy", "drift_kl"):
