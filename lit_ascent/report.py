@@ -182,8 +182,9 @@ def per_task_mean(series: list[dict[int, float]]) -> tuple[list[int], list[float
     return indices, means
 
 
-def method_curves(runs: Runs, key: str | None) -> dict[str, tuple[list[int], list[float]]]:
-    """Per method, the seed-averaged curve of running success (key None) or of a diagnostic key."""
+def method_curves(runs: Runs, key: str | None) -> dict[str, tuple[list[int], list[float], int]]:
+    """Per method, the seed-averaged curve of running success (key None) or of a diagnostic key,
+    and how many runs it averages (methods can differ mid-matrix; the plot legend says so)."""
     curves = {}
     for method, seeds in runs.items():
         series = []
@@ -195,24 +196,20 @@ def method_curves(runs: Runs, key: str | None) -> dict[str, tuple[list[int], lis
                                if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])})
         series = [s for s in series if s]
         if series:
-            curves[method] = per_task_mean(series)
+            curves[method] = (*per_task_mean(series), len(series))
     return curves
 
 
-def curve_labels(runs: Runs) -> dict[str, str]:
-    """Legend entries that say how many seeds each method's curve averages (methods can differ)."""
-    return {m: f"{m} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})" for m, seeds in runs.items()}
-
-
-def plot_curves(curves: dict, title: str, ylabel: str, path: Path, labels: dict[str, str] | None = None) -> Path:
+def plot_curves(curves: dict, title: str, ylabel: str, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (method, (x, y)) in enumerate(curves.items()):  # line styles keep identical curves apart
-        ax.plot(x, y, label=(labels or {}).get(method, method), linestyle=("-", "--", ":", "-.")[i % 4], linewidth=2.2 - 0.2 * (i % 6),
+    for i, (method, (x, y, n)) in enumerate(curves.items()):  # line styles keep identical curves apart
+        ax.plot(x, y, label=f"{method} ({n} seed{'s' if n != 1 else ''})",
+                linestyle=("-", "--", ":", "-.")[i % 4], linewidth=2.2 - 0.2 * (i % 6),
                 marker="." if len(x) < 30 else None)
     ax.set(title=title, xlabel="task index in the stream", ylabel=ylabel)
     ax.grid(alpha=0.3)
@@ -275,11 +272,10 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     files["per_task"].write_text("Turns to success per task ('-': not solved), stream order.\n"
                                  + "".join(f"\n## {seed}\n\n{task_matrix(runs, seed)}" for seed in seeds))
     files["numbers"].write_text(json.dumps(table, indent=1))
-    labels = curve_labels(runs)
     files["running_success"] = plot_curves(method_curves(runs, None), "Running success over the stream",
-                                           "success so far", out / "running_success.png", labels)
+                                           "success so far", out / "running_success.png")
     for name, (key, title, ylabel) in DIAGNOSTICS.items():
-        files[name] = plot_curves(method_curves(runs, key), title, ylabel, out / f"{name}.png", labels)
+        files[name] = plot_curves(method_curves(runs, key), title, ylabel, out / f"{name}.png")
     return files
 
 

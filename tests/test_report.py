@@ -118,16 +118,12 @@ def test_fewer_turns_share_edge_cases():
 def test_running_success_and_curves(runs_root):
     assert report.running_success(records_of(STREAMS["base"]["seed0"])) == pytest.approx([1, 1 / 2, 2 / 3, 2 / 4])
     curves = report.method_curves(report.load_runs(runs_root), None)
-    x, y = curves["ascent"]
+    x, y, n = curves["ascent"]
     assert x == [0, 1, 2, 3]
+    assert n == 2  # seeds averaged, shown in the legend
     assert y == pytest.approx([1.0, 1.0, 1.0, (3 / 4 + 1) / 2])
     drift = report.method_curves(report.load_runs(runs_root), "diagnostics/drift_kl")["ascent"][1]
     assert drift == pytest.approx([0.0, 0.1, 0.2, 0.3])
-
-
-def test_curve_labels_count_seeds():
-    runs = {"base": {"seed0": [], "seed1": []}, "ascent": {"seed0": []}}
-    assert report.curve_labels(runs) == {"base": "base (2 seeds)", "ascent": "ascent (1 seed)"}
 
 
 def test_write_report_files(runs_root, tmp_path):
