@@ -1,13 +1,14 @@
-"""Thin callbacks: gate, filter, experience log, adapter saving, diagnostics, report."""
+"""Thin callbacks: gate, filter, experience log, adapter saving, diagnostics, report, held-out evaluation."""
 from callbacks.adapter_checkpoint import AdapterCheckpoint
 from callbacks.diagnostics import CollapseDiagnostics
 from callbacks.experience_log import ExperienceLog
 from callbacks.gate import EpisodeCallback, InvalidTurnFilter, VerificationGate
+from callbacks.heldout import HeldOutEval
 from callbacks.probe import PIProbe
 from callbacks.report import StreamReport, summarize
 from callbacks.stream_stats import StreamStats
 from callbacks.transfer import TransferEval
 
-__all__ = ["AdapterCheckpoint", "CollapseDiagnostics", "EpisodeCallback", "ExperienceLog",
+__all__ = ["AdapterCheckpoint", "CollapseDiagnostics", "EpisodeCallback", "ExperienceLog", "HeldOutEval",
            "InvalidTurnFilter", "PIProbe", "StreamReport", "StreamStats", "TransferEval", "VerificationGate",
            "summarize"]

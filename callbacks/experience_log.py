@@ -40,7 +40,8 @@ def truncate_log(path: Path, offset: int) -> int:
 
 
 class ExperienceLog(L.Callback):
-    """Appends {task, verified, turns, invalid, actions, loss, timings} per task."""
+    """Appends {task, verified, turns, invalid, actions, loss, update (absorbed fraction, replay), timings}
+    per task."""
 
     def __init__(self, filename: str = "experience.jsonl"):
         """
@@ -60,6 +61,7 @@ class ExperienceLog(L.Callback):
         episode, stats = pl_module.last
         record = {**episode.summary(), "updates": stats.get("updates", 0),
                   "loss": {k: v for k, v in stats.items() if k.startswith("loss/")},
+                  "update": {k: v for k, v in stats.items() if k.startswith(("update/", "replay/"))},
                   "timings": {**episode.timings, "update_s": stats.get("perf/update_s", 0.0)}}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")

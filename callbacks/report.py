@@ -53,7 +53,11 @@ class StreamReport(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self.records = list(state["records"])
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        rank_zero_info(f"update budget: {pl_module.budget()}")
+
     def on_train_end(self, trainer, pl_module) -> None:
         s = summarize(self.records)
         rank_zero_info("stream summary: " + ", ".join(
-            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items())
+            + f" | update budget: {pl_module.budget()}")

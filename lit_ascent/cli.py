@@ -1,8 +1,9 @@
 """LightningCLI for the stream: ``python train.py fit --config ...``.
 
-Infrastructure callbacks (experience log, adapter saving, diagnostics, report)
-are always on and configured under their own keys; ``trainer.callbacks`` holds
-only the method's callbacks (gate, filter), so an ablation is a swap of that list.
+Infrastructure callbacks (experience log, adapter saving, diagnostics, report,
+held-out evaluation) are always on and configured under their own keys;
+``trainer.callbacks`` holds only the method's callbacks (gate, filter), so an
+ablation is a swap of that list.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import warnings
 from lightning.pytorch.cli import LightningCLI
 
 from callbacks import AdapterCheckpoint, CollapseDiagnostics, ExperienceLog, StreamReport, StreamStats
+from callbacks.heldout import HeldOutEval
 from callbacks.stream_checkpoint import StreamCheckpoint, prepare_resume
 from datamodules import TaskStreamDataModule
 from lit_ascent.module import OaTTTModule
@@ -39,6 +41,7 @@ class AscentCLI(LightningCLI):
         parser.add_lightning_class_args(AdapterCheckpoint, "adapter_checkpoint")
         parser.add_lightning_class_args(CollapseDiagnostics, "diagnostics")
         parser.add_lightning_class_args(StreamReport, "report")
+        parser.add_lightning_class_args(HeldOutEval, "heldout")  # off until heldout.env is set (configs/heldout/)
         parser.add_lightning_class_args(StreamCheckpoint, "stream_checkpoint")
 
     def before_instantiate_classes(self) -> None:

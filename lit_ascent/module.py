@@ -11,7 +11,8 @@ from jsonargparse import lazy_instance
 from torchmetrics import MeanMetric, Metric
 
 from lit_ascent.models import ModelConfig, Policy, load_policy
-from lit_ascent.objectives import Distillation, Objective
+from lit_ascent.objectives import Distillation, LossOutput, Objective
+from lit_ascent.objectives.experience_replay import ReplayBuffer, ReplayConfig
 from lit_ascent.rollout import RolloutConfig, rollout
 from lit_ascent.trajectory import Episode, Task
 
@@ -46,13 +47,15 @@ class OaTTTModule(L.LightningModule):
     """Online agentic test-time training over a one-pass task stream."""
 
     def __init__(self, llm: ModelConfig | None = None, objective: Objective = lazy_instance(Distillation),
-                 rollout: RolloutConfig | None = None, optim: OptimConfig | None = None):
+                 rollout: RolloutConfig | None = None, optim: OptimConfig | None = None,
+                 replay: ReplayConfig | None = None):
         """
         Args:
             llm: Base model and LoRA fast weights.
             objective: What a verified (or, without the gate, any) episode teaches.
             rollout: Episode settings (turn and token budgets).
             optim: Optimiser settings.
+            replay: Replay of earlier updating episodes at every optimiser step (k = 0: off, the paper's protocol).
         """
         super().__init__()
         self.automatic_optimization = False
@@ -60,6 +63,11 @@ class OaTTTModule(L.LightningModule):
         self.objective = objective
         self.rollout_cfg = rollout or RolloutConfig()
         self.optim_cfg = optim or OptimConfig()
+        self.replay_cfg = replay or ReplayConfig()
+        if self.replay_cfg.k and not objective.replayable:
+            raise ValueError(f"model.replay.k must be 0 with {type(objective).__name__}: "
+                             "its episodes are not replayable (on-policy gradient)")
+        self.replay = ReplayBuffer(self.replay_cfg)
         self.policy: Policy | None = None
         self.success_rate, self.invalid_rate = MeanMetric(), MeanMetric()
         self.counters = {"updates": 0, "skipped_nonfinite": 0, "env_errors": 0}
@@ -68,6 +76,17 @@ class OaTTTModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is None:  # heavy: built when the trainer starts, not in __init__
             self.policy = load_policy(self.llm_cfg, self.device)
+
+    def setup(self, stage: str) -> None:
+        seed = getattr(self.trainer.datamodule, "seed", 0) if self.trainer.datamodule is not None else 0
+        self.replay = ReplayBuffer(self.replay_cfg, seed)  # replay draws follow the stream's seed
+
+    def budget(self) -> str:
+        """The update budget in one line (lr, steps per episode, replay, LoRA size)."""
+        o, r, lora = self.optim_cfg, self.replay_cfg, self.llm_cfg.lora
+        replay = f"k={r.k}/{r.buffer_size} {r.sampling}" if r.k else "off"
+        return (f"lr={o.lr:g} steps/episode={o.updates_per_task} replay={replay} "
+                f"lora=r{lora.rank}/alpha{lora.alpha:g}")
 
     def configure_optimizers(self):
         o = self.optim_cfg
@@ -95,7 +114,8 @@ class OaTTTModule(L.LightningModule):
         return episode
 
     def learn(self, episode: Episode) -> dict:
-        """``updates_per_task`` optimiser steps on the episode, unless a callback vetoed it."""
+        """``updates_per_task`` optimiser steps on the episode (each with ``replay.k`` buffered
+        episodes beside it), unless a callback vetoed it; then the episode joins the buffer."""
         stats: dict = {"updates": 0}
         if not (self.objective.updates and episode.trainable):
             return stats
@@ -103,33 +123,75 @@ class OaTTTModule(L.LightningModule):
         policy, opt = self.policy, self.optimizers()
         policy.model.train()
         prepared = self.objective.prepare(policy, episode)
+        before = None
         for _ in range(self.optim_cfg.updates_per_task):
-            out = self.objective.loss(policy, episode, prepared)
+            replayed = self.replay.sample(self.replay_cfg.k)
+            out, stepped = self.step([(episode, prepared)] + [(e.episode, e.prepared) for e in replayed],
+                                     episode.task.task_id)
             if out is None:
                 break
-            opt.zero_grad(set_to_none=True)
-            if not self.backward_finite(out.loss, episode.task.task_id):
+            before = float(out.loss.detach()) if before is None else before
+            if not stepped:
                 continue
-            opt.step()
             stats["updates"] += 1
             stats.update(out.metrics)
+            stats["update/replayed"] = float(len(replayed))
         opt.zero_grad(set_to_none=True)
         self.counters["updates"] += stats["updates"]
+        if stats["updates"]:
+            stats.update(self.absorbed(episode, prepared, before))
+        if self.replay_cfg.k:
+            self.replay.add(episode, prepared)
+            stats.update(self.replay.stats())
         stats["perf/update_s"] = time.perf_counter() - t0
         return stats
 
-    def backward_finite(self, loss: torch.Tensor, task_id: str) -> bool:
-        """Backward + clipping; False (and counted) when the loss or gradient is not finite."""
-        if torch.isfinite(loss):
-            self.manual_backward(loss)
-            params = self.policy.trainable_parameters()
-            clip = self.optim_cfg.grad_clip or float("inf")
-            norm = torch.nn.utils.clip_grad_norm_(params, clip)
-            if torch.isfinite(norm):
-                return True
+    def step(self, batch: list[tuple[Episode, object]], task_id: str) -> tuple[LossOutput | None, bool]:
+        """One guarded optimiser step on the mean loss of ``batch`` (the current episode first).
+
+        Returns the current episode's LossOutput (None: it has nothing to learn from) and whether
+        the step was taken (False, and counted, when a loss or the gradient was not finite).
+        Each episode's loss is backpropagated on its own (gradient accumulation), so memory holds
+        one episode's graph at a time; a batch of one is exactly the single-episode step.
+        """
+        opt = self.optimizers()
+        opt.zero_grad(set_to_none=True)
+        current = None
+        for episode, prepared in batch:
+            out = self.objective.loss(self.policy, episode, prepared)
+            if out is None:
+                if current is None:
+                    return None, False
+                continue
+            current = current or out
+            if not torch.isfinite(out.loss):
+                return current, self.skip(task_id)
+            self.manual_backward(out.loss if len(batch) == 1 else out.loss / len(batch))
+        clip = self.optim_cfg.grad_clip or float("inf")
+        if not torch.isfinite(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), clip)):
+            return current, self.skip(task_id)
+        opt.step()
+        return current, True
+
+    def skip(self, task_id: str) -> bool:
+        """Count a step skipped for a non-finite loss or gradient (returns False: no step)."""
         self.counters["skipped_nonfinite"] += 1
         log.warning("non-finite loss or gradient on task %s: update skipped", task_id)
         return False
+
+    def absorbed(self, episode: Episode, prepared, before: float) -> dict[str, float]:
+        """The objective on the same episode before and after this task's steps, and the share of it
+        the steps removed (1 - after / before; only for a positive loss). One extra student forward."""
+        was_training = self.policy.model.training
+        self.policy.model.eval()  # no dropout draw: the measurement leaves every RNG as it was
+        with torch.no_grad():
+            out = self.objective.loss(self.policy, episode, prepared)
+        self.policy.model.train(was_training)
+        after = float(out.loss)
+        stats = {"update/loss_before": before, "update/loss_after": after}
+        if before > 0:
+            stats["update/absorbed_fraction"] = 1.0 - after / before
+        return stats
 
     def stream_state(self) -> dict:
         """What a resumed stream needs from the module: plain tensors, numbers and dicts."""
@@ -137,7 +199,7 @@ class OaTTTModule(L.LightningModule):
         metrics = {n: m for n, m in self.named_children() if isinstance(m, Metric)}
         return {"adapter": self.policy.adapter_state(), "counters": dict(self.counters),
                 "optimizer": opts[0].state_dict() if opts else {},
-                "objective": self.objective.state_dict(),
+                "objective": self.objective.state_dict(), "replay": self.replay.state_dict(),
                 "metrics": {n: {**m.metric_state, "_update_count": m._update_count} for n, m in metrics.items()}}
 
     def load_stream_state(self, state: dict) -> None:
@@ -151,6 +213,8 @@ class OaTTTModule(L.LightningModule):
         if state["optimizer"]:
             self.trainer.optimizers[0].load_state_dict(state["optimizer"])
         self.objective.load_state_dict(state["objective"])
+        self.policy.model.train()  # the mode ``learn`` prepares in
+        self.replay.load_state_dict(state["replay"], lambda ep: self.objective.prepare(self.policy, ep))
         self.counters.update(state["counters"])
         for name, values in state["metrics"].items():
             metric = getattr(self, name)

@@ -6,7 +6,9 @@ Reads ``<root>/<method>/<seed>/experience.jsonl`` (one ExperienceLog record per
 task; the layout ``python -m lit_ascent.compare`` writes) and produces
 ``results.md`` (mean +- std over seeds, then each method paired with the base
 task by task: both solved, only one, the exact McNemar p; then what the updates
-did: count, loss, drift, first-token entropy), ``results.json``
+did: count, loss, drift, first-token entropy; and, for runs with a held-out
+evaluation (``heldout.jsonl``, ``callbacks/heldout.py``), the frozen fast weights
+on the held-out set paired with the initial model), ``results.json``
 (every per-run number), ``per_task.md`` (which run solved which task, in how
 many turns) and ``running_success.png``, ``first_token_entropy.png``,
 ``drift_kl.png``. The table computations are pure functions over the records.
@@ -25,8 +27,10 @@ import statistics
 from pathlib import Path
 
 from callbacks.report import summarize
-from lit_ascent.paired import Records, Runs, paired_markdown, paired_rows, task_matrix
-from lit_ascent.run_archive import archive_finished, load_archive, merge_previous, merge_runs, read_records
+from lit_ascent.paired import (COUNTS, Records, Runs, format_difference, paired_counts, paired_markdown,
+                                paired_rows, paired_stats, task_matrix)
+from lit_ascent.run_archive import (HELDOUT_NAME, HELDOUT_SUFFIX, archive_finished, load_archive, merge_previous,
+                                    merge_runs, read_records)
 from lit_ascent.update_stats import DRIFT, ENTROPY, update_markdown, update_rows
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
@@ -166,6 +170,66 @@ def markdown_table(table: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def heldout_end(records: Records) -> tuple[Records, Records, int | None]:
+    """A run's held-out records: (the adapted model's at its last evaluation point, the initial model's,
+    that point's tasks_seen). A task evaluated twice at one point (a resumed run) keeps its last record."""
+    adapted = [r for r in records if r["model"] == "adapted"]
+    last = max((r["tasks_seen"] for r in adapted), default=None)
+    end = {r["task_id"]: r for r in adapted if r["tasks_seen"] == last}
+    initial = {r["task_id"]: r for r in records if r["model"] == "initial"}
+    return list(end.values()), list(initial.values()), last
+
+
+def success_rate(records: Records) -> float:
+    return sum(bool(r["verified"]) for r in records) / len(records)
+
+
+def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
+    """One row per method with a held-out evaluation: adapted and initial success (mean, std, n over seeds)
+    and, pooled over seeds, the adapted model paired with the initial one task by task (``COUNTS`` with
+    only_method = only adapted, only_base = only initial; exact McNemar p; difference and its 95% interval)."""
+    rows = []
+    for method in method_order(heldout, base):
+        ends = [heldout_end(records) for _, records in sorted(heldout[method].items())]
+        ends = [e for e in ends if e[0]]
+        if not ends:
+            continue
+        counts = dict.fromkeys(COUNTS, 0)
+        for adapted, initial, _ in ends:
+            for key, n in (paired_counts(adapted, initial) if initial else {}).items():
+                counts[key] += n
+        row = {"method": method, "seeds": len(ends), "tasks": sorted({len(a) for a, _, _ in ends}),
+               "tasks_seen": sorted({t for _, _, t in ends}),
+               "success": mean_std([success_rate(a) for a, _, _ in ends]),
+               "initial_success": mean_std([success_rate(i) if i else None for _, i, _ in ends]), **counts}
+        if sum(counts.values()):
+            row.update(paired_stats(counts))
+        rows.append(row)
+    return rows
+
+
+def heldout_markdown(rows: list[dict]) -> str:
+    """The held-out rows as a markdown table ('-' where a run has no initial-model evaluation)."""
+    head = ["method", "seeds", "tasks", "after stream tasks", "adapted success (%)", "initial success (%)",
+            "both solved", "only adapted", "only initial", "neither", "McNemar exact p", "difference (pp, 95% CI)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        paired = [*(str(r[k]) for k in COUNTS), f"{r['p']:.3g}", format_difference(r)] if "p" in r else ["-"] * 6
+        cells = [r["method"], str(r["seeds"]), "/".join(map(str, r["tasks"])), "/".join(map(str, r["tasks_seen"])),
+                 format_cell(r["success"], 100.0), format_cell(r["initial_success"], 100.0), *paired]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+HELDOUT_INTRO = (
+    "\nHeld-out evaluation (frozen, end of stream): the fast weights after the stream, frozen, on a fixed task set "
+    "disjoint from the stream (the same tasks for every seed), weights in float32; 'initial': the initial model "
+    "(adapter off) on the same tasks in the same run. Success: mean ± sample std over seeds. Paired columns: pooled "
+    "over seeds, tasks matched by id within each run; p: exact McNemar test on the tasks only one of the two solved; "
+    "difference: adapted - initial success with Newcombe's 95% interval (method 10). The seeds share the tasks and the "
+    "initial model, so pooled pairs are not independent across seeds: the pooled p and interval lean optimistic.\n\n")
+
+
 def running_success(records: Records) -> list[float]:
     """Success rate over the stream so far, after each task."""
     out, solved = [], 0
@@ -263,7 +327,15 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     paired = ""
     if base in runs and len(runs) > 1:
         paired = (f"\nPaired with `{base}` task by task (same seed, same tasks); p: exact McNemar test on the "
-                  "tasks only one of the two solved.\n\n" + paired_markdown(paired_rows(runs, base), base))
+                  f"tasks only one of the two solved; difference: method - `{base}` success with Newcombe's 95% "
+                  "interval for paired proportions (method 10).\n\n" + paired_markdown(paired_rows(runs, base), base))
+    heldout = merge_runs(load_archive(archive, HELDOUT_SUFFIX), load_runs(root, HELDOUT_NAME))
+    rows = heldout_rows({m: {s: r for s, r in seeds.items() if s in runs.get(m, {})} for m, seeds in heldout.items()},
+                        base)
+    if rows:
+        paired += HELDOUT_INTRO + heldout_markdown(rows)
+        files["heldout"] = out / "heldout.json"
+        files["heldout"].write_text(json.dumps(rows, indent=1))
     updates = ("\nUpdates per run: loss of the objective per updating task, drift KL(student || initial) and "
                "entropy at the first response token over the stream (nats).\n\n" + update_markdown(update_rows(runs)))
     files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else "") + paired + updates)

@@ -5,8 +5,10 @@ therefore copies every finished run's experience log (a run whose folder holds
 compare's ``done.json``) into ``<report folder>/runs/<method>/<seed>.jsonl.gz``,
 which is committed with the table, and reads that archive back next time
 together with whatever ``runs/`` holds (the longer log of a run wins; on a tie
-the live folder). Per-seed figures of runs whose logs were never archived can
-be carried over from an earlier report's ``results.json`` (``merge_previous``).
+the live folder). A run's held-out evaluation records (``heldout.jsonl``, see
+``callbacks/heldout.py``) are kept beside its log, as ``<seed>.heldout.jsonl.gz``.
+Per-seed figures of runs whose logs were never archived can be carried over
+from an earlier report's ``results.json`` (``merge_previous``).
 """
 from __future__ import annotations
 
@@ -20,25 +22,30 @@ MARKER = "done.json"
 """Written by compare into a run folder when the run finished its stream."""
 LOG_NAME = "experience.jsonl"
 SUFFIX = ".jsonl.gz"
+HELDOUT_NAME = "heldout.jsonl"
+HELDOUT_SUFFIX = ".heldout.jsonl.gz"
+ARCHIVED = {LOG_NAME: SUFFIX, HELDOUT_NAME: HELDOUT_SUFFIX}
+"""Run-folder file -> its suffix in the archive."""
 
 
-def archived_path(archive: Path, method: str, seed_folder: str) -> Path:
-    """Where the archive keeps the log of ``<method>/<seed_folder>``."""
-    return archive / method / f"{seed_folder}{SUFFIX}"
+def archived_path(archive: Path, method: str, seed_folder: str, suffix: str = SUFFIX) -> Path:
+    """Where the archive keeps the log of ``<method>/<seed_folder>`` (``HELDOUT_SUFFIX``: its held-out records)."""
+    return archive / method / f"{seed_folder}{suffix}"
 
 
 def archive_finished(root: Path, archive: Path) -> list[Path]:
-    """Copy each finished run's log under ``root`` into ``archive``; returns the files written."""
+    """Copy each finished run's log and held-out records under ``root`` into ``archive``; returns the files written."""
     written = []
     for marker in sorted(Path(root).glob(f"*/*/{MARKER}")):
         run_dir = marker.parent
-        log = run_dir / LOG_NAME
-        if not log.is_file():
-            continue
-        dest = archived_path(archive, run_dir.parent.name, run_dir.name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(gzip.compress(log.read_bytes(), mtime=0))  # mtime 0: the same log, the same bytes
-        written.append(dest)
+        for name, suffix in ARCHIVED.items():
+            log = run_dir / name
+            if not log.is_file():
+                continue
+            dest = archived_path(archive, run_dir.parent.name, run_dir.name, suffix)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(gzip.compress(log.read_bytes(), mtime=0))  # mtime 0: the same log, the same bytes
+            written.append(dest)
     return written
 
 
@@ -49,11 +56,13 @@ def read_records(path: Path) -> Records:
     return sorted(records, key=lambda r: r["task_index"])
 
 
-def load_archive(archive: Path) -> Runs:
-    """All runs under ``archive``: ``<method>/<seed>.jsonl.gz``."""
+def load_archive(archive: Path, suffix: str = SUFFIX) -> Runs:
+    """All runs under ``archive``: ``<method>/<seed><suffix>`` (default: the experience logs)."""
+    longer = [s for s in ARCHIVED.values() if s != suffix and s.endswith(suffix)]  # .heldout.jsonl.gz vs .jsonl.gz
     runs: Runs = {}
-    for path in sorted(Path(archive).glob(f"*/*{SUFFIX}")):
-        runs.setdefault(path.parent.name, {})[path.name[:-len(SUFFIX)]] = read_records(path)
+    for path in sorted(Path(archive).glob(f"*/*{suffix}")):
+        if not path.name.endswith(tuple(longer)):
+            runs.setdefault(path.parent.name, {})[path.name[:-len(suffix)]] = read_records(path)
     return runs
 
 

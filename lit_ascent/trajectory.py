@@ -120,3 +120,35 @@ def target_positions(roles: list[int] | torch.Tensor) -> torch.Tensor:
     """
     roles = torch.as_tensor(roles)
     return torch.nonzero(roles[1:] == ROLE_ASSISTANT).flatten()
+
+
+def episode_state(ep: Episode) -> dict[str, Any]:
+    """``ep`` as plain values (tensors, numbers, strings, lists, dicts): what a stream checkpoint
+    (read with ``weights_only=True``) can hold. ``episode_from_state`` inverts it."""
+    t = ep.task
+    return {
+        "task": {"env": t.env, "task_id": t.task_id, "index": t.index, "seed": t.seed,
+                 "meta": [list(kv) for kv in t.meta]},
+        "system": ep.system, "first_observation": ep.first_observation,
+        "token_ids": torch.tensor(ep.token_ids, dtype=torch.long),
+        "roles": torch.tensor(ep.roles, dtype=torch.int8), "turn_ids": torch.tensor(ep.turn_ids, dtype=torch.int32),
+        "prompt_len": ep.prompt_len,
+        "turns": [{"index": u.index, "text": u.text, "action": u.action, "observation": u.observation,
+                   "valid": u.valid, "span": list(u.span)} for u in ep.turns],
+        "verified": ep.verified, "error": ep.error, "timings": dict(ep.timings),
+        "diagnostics": dict(ep.diagnostics), "trainable": ep.trainable, "pi_valid_only": ep.pi_valid_only,
+    }
+
+
+def episode_from_state(state: dict[str, Any]) -> Episode:
+    """The Episode that ``episode_state`` wrote."""
+    t = state["task"]
+    task = Task(t["env"], t["task_id"], t["index"], t["seed"], tuple(tuple(kv) for kv in t["meta"]))
+    turns = [Turn(u["index"], u["text"], u["action"], u["observation"], u["valid"], tuple(u["span"]))
+             for u in state["turns"]]
+    return Episode(task=task, system=state["system"], first_observation=state["first_observation"],
+                   token_ids=state["token_ids"].tolist(), roles=state["roles"].tolist(),
+                   turn_ids=state["turn_ids"].tolist(), prompt_len=state["prompt_len"], turns=turns,
+                   verified=state["verified"], error=state["error"], timings=dict(state["timings"]),
+                   diagnostics=dict(state["diagnostics"]), trainable=state["trainable"],
+                   pi_valid_only=state["pi_valid_only"])

@@ -12,6 +12,9 @@ from lit_ascent.paired import Records, Runs
 
 LOSS_KEYS = ("loss/total", "loss/divergence", "loss/nll")  # the objective's loss: first key a record has
 ENTROPY, DRIFT = "diagnostics/first_token_entropy", "diagnostics/drift_kl"
+ACTION_KL, ACTION_CHANGES = "diagnostics/action_kl", "diagnostics/action_changes"
+REPEAT_RATE, LONGEST_RUN = "diagnostics/repeat_action_rate", "diagnostics/longest_action_run"
+ABSORBED = "update/absorbed_fraction"
 
 
 def objective_loss(loss: dict) -> float | None:
@@ -23,21 +26,33 @@ def _values(records: Records, key: str) -> list[float]:
     return [r[key] for r in records if r.get(key) is not None]
 
 
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
 def update_stats(records: Records) -> dict:
     """One run: update count, loss per updating task (min, max), mean seconds per updating task,
-    the largest drift KL and the median and largest first-token entropy over the stream (None when not logged)."""
+    the largest drift KL and the median and largest first-token entropy over the stream; the mean
+    absorbed fraction per updating task, the largest action drift (KL, changed probe actions), and
+    the mean repeated-action rate and the longest run of one action (None when not logged)."""
     updating = [r for r in records if r.get("updates", 0) > 0]
     losses = [v for v in (objective_loss(r.get("loss", {})) for r in updating) if v is not None]
     seconds = [r["timings"]["update_s"] for r in updating if "update_s" in r.get("timings", {})]
     entropy, drift = _values(records, ENTROPY), _values(records, DRIFT)
+    absorbed = [r["update"][ABSORBED] for r in updating if ABSORBED in r.get("update", {})]
     return {
         "updates": sum(r.get("updates", 0) for r in records),
         "loss_min": min(losses, default=None),
         "loss_max": max(losses, default=None),
-        "update_s": statistics.fmean(seconds) if seconds else None,
+        "update_s": _mean(seconds),
         "drift_max": max(drift, default=None),
         "entropy_median": statistics.median(entropy) if entropy else None,
         "entropy_max": max(entropy, default=None),
+        "absorbed_mean": _mean(absorbed),
+        "action_kl_max": max(_values(records, ACTION_KL), default=None),
+        "action_changes_max": max(_values(records, ACTION_CHANGES), default=None),
+        "repeat_rate_mean": _mean(_values(records, REPEAT_RATE)),
+        "longest_run_max": max(_values(records, LONGEST_RUN), default=None),
     }
 
 
@@ -54,10 +69,14 @@ def _num(value: float | None, fmt: str = ".3g") -> str:
 def update_markdown(rows: list[dict]) -> str:
     """The update rows as a markdown table."""
     head = ["method", "seed", "updates", "loss per update (min-max)", "s per update", "max drift KL",
-            "first-token entropy (median / max)"]
+            "first-token entropy (median / max)", "absorbed per update (mean)",
+            "max action KL / changed probe actions", "repeated actions (mean rate / longest run)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         loss = "-" if r["loss_min"] is None else f"{_num(r['loss_min'])}-{_num(r['loss_max'])}"
         lines.append(f"| {r['method']} | {r['seed']} | {r['updates']} | {loss} | {_num(r['update_s'], '.1f')} "
-                     f"| {_num(r['drift_max'])} | {_num(r['entropy_median'])} / {_num(r['entropy_max'])} |")
+                     f"| {_num(r['drift_max'])} | {_num(r['entropy_median'])} / {_num(r['entropy_max'])} "
+                     f"| {_num(r.get('absorbed_mean'), '.0%')} | {_num(r.get('action_kl_max'))} / "
+                     f"{_num(r.get('action_changes_max'), '.0f')} | {_num(r.get('repeat_rate_mean'), '.0%')} / "
+                     f"{_num(r.get('longest_run_max'), '.0f')} |")
     return "\n".join(lines) + "\n"

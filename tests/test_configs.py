@@ -58,7 +58,7 @@ def test_expected_matrix_is_complete():
     assert {"debug.yaml", "textcraft/ascent.yaml"} <= {str(p.relative_to(CONFIGS)) for p in ENV_CONFIGS}
     assert set(METHODS) == set(EXPECTED)
     assert {p.stem for p in CONFIGS.glob("ablations/*.yaml")} == {"reverse_kl", "jsd", "pi_actions", "pi_full",
-                                                                   "no_filter"}
+                                                                   "no_filter", "replay"}
 
 
 @pytest.mark.parametrize("config", ENV_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -92,6 +92,7 @@ def test_method_overlays_set_their_defining_arguments():
     ("pi_actions", {"pi_content": "actions"}),
     ("pi_full", {"pi_content": "full"}),
     ("no_filter", {}),
+    ("replay", {}),
 ])
 def test_ablation_differs_from_ascent_only_where_it_should(ablation, changed):
     env = CONFIGS / "textcraft/ascent.yaml"
@@ -101,6 +102,7 @@ def test_ablation_differs_from_ascent_only_where_it_should(ablation, changed):
     expected_callbacks = [VerificationGate] if ablation == "no_filter" else [VerificationGate, InvalidTurnFilter]
     assert method_callbacks(abl) == expected_callbacks
     assert abl.config.model.llm == ref.config.model.llm and abl.config.data == ref.config.data
+    assert (abl.model.replay_cfg.k, ref.model.replay_cfg.k) == ((4, 0) if ablation == "replay" else (0, 0))
 
 
 TINY_RUN = ("--data.env.init_args.num_tasks", "2", "--data.shuffle", "false",

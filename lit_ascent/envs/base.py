@@ -27,6 +27,31 @@ def parse_action(text: str) -> str | None:
     return action or None
 
 
+def action_span(text: str) -> tuple[int, int] | None:
+    """[start, end) of the last ``Action:`` line's action in ``text`` (the part ``parse_action`` reads)."""
+    last = None
+    for last in _ACTION_RE.finditer(text):
+        pass
+    return None if last is None else last.span(1)
+
+
+def action_token_mask(tokenizer, ids: list[int]) -> list[bool]:
+    """Per generated token of one assistant turn: does it spell part of the turn's action?
+
+    A token covers the characters its decoding adds to the decoded prefix; it is an action token
+    when that range overlaps ``action_span`` of the turn's decoded text (special tokens skipped).
+    """
+    span = action_span(tokenizer.decode(ids, skip_special_tokens=True))
+    if span is None:
+        return [False] * len(ids)
+    mask, prev = [], 0
+    for k in range(1, len(ids) + 1):
+        cur = len(tokenizer.decode(ids[:k], skip_special_tokens=True))
+        mask.append(prev < span[1] and cur > span[0] and cur > prev)
+        prev = max(prev, cur)
+    return mask
+
+
 @dataclass
 class StepResult:
     """What the environment says about one action."""

