@@ -157,13 +157,13 @@ class OaTTTModule(L.LightningModule):
         opt = self.optimizers()
         opt.zero_grad(set_to_none=True)
         current = None
-        for episode, prepared in batch:
+        for j, (episode, prepared) in enumerate(batch):
             out = self.objective.loss(self.policy, episode, prepared)
             if out is None:
-                if current is None:
+                if j == 0:
                     return None, False
                 continue
-            current = current or out
+            current = out if j == 0 else current
             if not torch.isfinite(out.loss):
                 return current, self.skip(task_id)
             self.manual_backward(out.loss if len(batch) == 1 else out.loss / len(batch))

@@ -16,6 +16,7 @@ from lit_ascent.models import LoraSettings, ModelConfig, load_policy
 from lit_ascent.module import OaTTTModule, OptimConfig
 from lit_ascent.objectives import NoUpdate, Objective
 from lit_ascent.objectives.base import LossOutput
+from lit_ascent.objectives.experience_replay import ReplayConfig
 from lit_ascent.rollout import RolloutConfig, rollout
 from lit_ascent.trajectory import ROLE_ASSISTANT
 
@@ -66,11 +67,12 @@ class Recorder(L.Callback):
         })
 
 
-def run_stream(env, objective: Objective, num_tasks: int, max_turns: int = 2, step_timeout_s: float = TIMEOUT_S):
+def run_stream(env, objective: Objective, num_tasks: int, max_turns: int = 2, step_timeout_s: float = TIMEOUT_S,
+               replay: ReplayConfig | None = None):
     torch.manual_seed(0)
     module = OaTTTModule(llm=ModelConfig(name_or_path="tiny-random", dtype="float32", lora=LoraSettings(rank=2)),
                          objective=objective, rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=4),
-                         optim=OptimConfig(lr=1e-2))
+                         optim=OptimConfig(lr=1e-2), replay=replay)
     data = TaskStreamDataModule(env, num_tasks=num_tasks, shuffle=False, step_timeout_s=step_timeout_s)
     recorder = Recorder()
     trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -158,6 +160,34 @@ def test_non_finite_loss_or_gradient_skips_the_update():
     moved = [not torch.equal(rows[3]["adapter"][k], rows[0]["adapter"][k]) for k in rows[0]["adapter"]]
     assert any(moved)  # learning resumes after the skipped updates
     assert int(rows[3]["optimizer"]["state"][0]["step"]) == 2
+
+
+class NaNWhenReplayed(ScheduledObjective):
+    """Finite on its own task; NaN when task 0's episode comes back as a replayed one."""
+
+    def __init__(self):
+        super().__init__(set(), set())
+        self.current = -1
+
+    def prepare(self, policy, episode):
+        self.current = episode.task.index
+        return torch.zeros(1)  # something to cache: the episode joins the replay buffer
+
+    def loss(self, policy, episode, prepared):
+        out = super().loss(policy, episode, prepared)
+        replayed = episode.task.index != self.current
+        return LossOutput(out.loss * float("nan")) if replayed and episode.task.index == 0 else out
+
+
+def test_a_non_finite_replayed_episode_skips_the_step():
+    module, rows, _ = run_stream(ScriptedEnv(num_tasks=4, verify_every=1), NaNWhenReplayed(), num_tasks=4,
+                                 max_turns=1, replay=ReplayConfig(k=1, buffer_size=1))
+    # buffer of one: task 1 replays task 0 (NaN: skipped), tasks 2 and 3 replay tasks 1 and 2
+    assert module.counters["skipped_nonfinite"] == 1 and module.counters["updates"] == 3
+    assert [r["stats"]["updates"] for r in rows] == [1, 0, 1, 1]
+    torch.testing.assert_close(rows[1]["adapter"], rows[0]["adapter"], rtol=0, atol=0)
+    assert all(g is None for g in rows[1]["grads"])
+    assert rows[3]["stats"]["update/replayed"] == 1.0
 
 
 # --- bad model output -----------------------------------------------------------------------------
