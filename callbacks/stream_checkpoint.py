@@ -14,7 +14,8 @@ Resuming (the same config, plus one flag)::
     python train.py fit --config configs/debug.yaml --ckpt_path runs/debug/version_3
 
 ``--ckpt_path`` takes ``last`` (the most recently checkpointed run under the
-configured logger's ``save_dir/name``), a run folder, or its ``stream_state.pt``.
+configured logger's ``save_dir/name``; ``--trainer.default_root_dir`` moves ``save_dir``
+before this is looked up, ``lit_ascent/cli.py``), a run folder, or its ``stream_state.pt``.
 The CLI then pins the logger to that run folder (TensorBoardLogger / CSVLogger:
 ``save_dir``, ``name`` and ``version`` are set from the path; no logger:
 ``trainer.default_root_dir``), so the curves, the experience log and the

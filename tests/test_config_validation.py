@@ -1,14 +1,20 @@
-"""Bad config values fail before any model is loaded, with a message naming the argument."""
+"""Bad config values fail before any model is loaded, with a message naming the argument:
+the parser's own way (usage, one ``error:`` line, exit code 2), never a traceback."""
 from __future__ import annotations
 
 import contextlib
 import io
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from lit_ascent.cli import main
+from lit_ascent.envs import ScriptedEnv
 
+ROOT = Path(__file__).resolve().parents[1]
 DEBUG = "configs/debug.yaml"
 TEXTCRAFT = ["--data.env", "lit_ascent.envs.textcraft.TextCraftEnv"]
 NO_UPDATE = ["--model.objective", "lit_ascent.objectives.NoUpdate"]
@@ -50,31 +56,68 @@ BAD = [
 ]
 
 
-def error_message(args: list[str]) -> str:
-    """The error (exception text and what the parser printed) of ``train.py <args>``; '' if none."""
+def outcome(args: list[str], run: bool = False) -> tuple[object, str]:
+    """How ``train.py <args>`` ends: its exit code (0 if it returns) or the exception it raised, and its stderr."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            main(args, run=False)
-    except (SystemExit, Exception) as exc:  # parse errors exit(2) after printing; validation raises
-        return f"{exc}\n{err.getvalue()}"
-    return ""
+            main(args, run=run)
+    except SystemExit as exc:
+        return exc.code, err.getvalue()
+    except Exception as exc:  # a traceback in a real run; the assertion shows it
+        return exc, err.getvalue()
+    return 0, err.getvalue()
 
 
 def test_debug_config_is_valid():
-    assert error_message(["--config", DEBUG]) == ""
+    code, message = outcome(["--config", DEBUG])
+    assert code == 0, message
 
 
 @pytest.mark.parametrize("args,pattern", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_bad_value_fails_naming_the_argument(args, pattern):
-    message = error_message(["--config", DEBUG, *args])
-    assert message, f"{args} was accepted"
+    code, message = outcome(["--config", DEBUG, *args])
+    assert code == 2, f"{args}: {code!r}\n{message[-1500:]}"
     assert re.search(pattern, message, re.DOTALL), message[-1500:]
+
+
+# As a user runs it: a dataclass field, a nested one, an objective's, a callback's and a data argument.
+THROUGH_THE_CLI = [
+    (["--model.optim.lr", "-1"], "model.optim.lr must be > 0"),
+    (["--model.llm.lora.rank", "-1"], "model.llm.lora.rank must be > 0"),
+    (["--model.objective.init_args.divergence", "tv"], "objective.divergence must be one of"),
+    (["--model.objective.beta", "1.5"], "objective.beta"),
+    (["--diagnostics.every_n_tasks", "-2"], "diagnostics.every_n_tasks must be >= 0"),
+    (["--data.num_tasks", "0"], "data.num_tasks must be >= 1"),
+    (["--model.replay.k", "-1"], "model.replay.k must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("args,message", THROUGH_THE_CLI, ids=[c[0][0].lstrip("-") for c in THROUGH_THE_CLI])
+def test_bad_value_through_train_py_is_one_message(args, message):
+    proc = subprocess.run([sys.executable, "train.py", "fit", "--config", DEBUG, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+class BuggyEnv(ScriptedEnv):
+    """An environment whose constructor has a bug (not a bad value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.settings = {}["missing"]
+
+
+def test_a_bug_in_a_constructor_keeps_its_traceback():
+    with pytest.raises(KeyError, match="missing"):
+        main(["--config", DEBUG, "--data.env", "test_config_validation.BuggyEnv"], run=False)
 
 
 @pytest.mark.parametrize("ckpt_path,pattern", [("last", r"ckpt_path=last: no stream_state\.pt"),
                                               ("/no/such/run", r"ckpt_path: no stream_state\.pt in '/no/such/run'")])
 def test_resume_without_a_checkpoint_fails_naming_ckpt_path(tmp_path, ckpt_path, pattern):
     args = ["fit", "--config", DEBUG, "--trainer.logger.init_args.save_dir", str(tmp_path), "--ckpt_path", ckpt_path]
-    with pytest.raises(FileNotFoundError, match=pattern):
-        main(args)
+    code, message = outcome(args, run=True)
+    assert code == 2 and re.search(pattern, message), message[-1500:]

@@ -260,9 +260,10 @@ def test_alfworld_overlay_holds_out_valid_unseen():
     assert heldout.num_tasks is None and heldout.env._tasks is None  # all 134 games, listed lazily
 
 
-def test_cli_rejects_a_bad_value_naming_the_argument():
-    with pytest.raises(ValueError, match=r"heldout\.batch_size"):
+def test_cli_rejects_a_bad_value_naming_the_argument(capsys):
+    with pytest.raises(SystemExit) as exit_:
         main(["--config", DEBUG, "--heldout.batch_size", "0"], run=False)
+    assert exit_.value.code == 2 and "heldout.batch_size" in capsys.readouterr().err
 
 
 # -- the debug config through the CLI ------------------------------------------------------------
