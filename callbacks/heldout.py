@@ -191,14 +191,6 @@ class HeldOutEval(PeriodicEval):
         self.write(trainer, adapted)
         return heldout_metrics(adapted, self.initial)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.enabled:
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.enabled:
-            super().on_train_end(trainer, pl_module)
-
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._guarded is not None:
             self._guarded.close()

@@ -27,6 +27,7 @@ import statistics
 from pathlib import Path
 
 from callbacks.report import summarize
+from lit_ascent.evaluate import record_rates
 from lit_ascent.paired import (COUNTS, Records, Runs, format_difference, paired_counts, paired_markdown,
                                 paired_rows, paired_stats, task_matrix)
 from lit_ascent.run_archive import (HELDOUT_NAME, HELDOUT_SUFFIX, archive_finished, load_archive, merge_previous,
@@ -180,10 +181,6 @@ def heldout_end(records: Records) -> tuple[Records, Records, int | None]:
     return list(end.values()), list(initial.values()), last
 
 
-def success_rate(records: Records) -> float:
-    return sum(bool(r["verified"]) for r in records) / len(records)
-
-
 def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
     """One row per method with a held-out evaluation: adapted and initial success (mean, std, n over seeds)
     and, pooled over seeds, the adapted model paired with the initial one task by task (``COUNTS`` with
@@ -200,8 +197,9 @@ def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
                 counts[key] += n
         row = {"method": method, "seeds": len(ends), "tasks": sorted({len(a) for a, _, _ in ends}),
                "tasks_seen": sorted({t for _, _, t in ends}),
-               "success": mean_std([success_rate(a) for a, _, _ in ends]),
-               "initial_success": mean_std([success_rate(i) if i else None for _, i, _ in ends]), **counts}
+               "success": mean_std([record_rates(a)["success_rate"] for a, _, _ in ends]),
+               "initial_success": mean_std([record_rates(i)["success_rate"] if i else None for _, i, _ in ends]),
+               **counts}
         if sum(counts.values()):
             row.update(paired_stats(counts))
         rows.append(row)
