@@ -59,7 +59,8 @@ class CollapseDiagnostics(EpisodeCallback):
             raise ValueError(f"diagnostics.probe_max_tokens must be >= 2, got {probe_max_tokens}")
         self.every_n_tasks, self.probe_episodes, self.probe_max_tokens = every_n_tasks, probe_episodes, probe_max_tokens
         self.probes: list[dict] = []
-        """Frozen probe copies: ids (T,), positions (n,), turn ids made unique per probe (n,)."""
+        """Frozen probe copies: ids (T,), positions (n,), turn ids made unique per probe (n,), and once
+        measured the initial model's hidden states at the positions (n, d)."""
         self.measured_at: int | None = None
         """The update count at the last action-drift measurement."""
         self.drift: dict[str, float] = {}
@@ -107,10 +108,12 @@ class CollapseDiagnostics(EpisodeCallback):
     def measure(self, policy) -> dict[str, float]:
         student, initial, turns = [], [], []
         for probe in self.probes:
+            if "initial_hidden" not in probe:  # the initial model never changes: one forward per probe
+                with policy.teacher():
+                    probe["initial_hidden"] = policy.hidden(probe["ids"])[probe["positions"].to(policy.device)]
             with torch.no_grad():
                 student.append(policy.logits(probe["ids"], probe["positions"]).float())
-            with policy.teacher():
-                initial.append(policy.logits(probe["ids"], probe["positions"]).float())
+                initial.append(policy.head(probe["initial_hidden"]).float())  # the head is never adapted
             turns.append(probe["turns"])
         if not turns:
             return action_drift(*_NONE)
