@@ -47,9 +47,9 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.experience_log import run_dir
+from lit_ascent.run_archive import STATE_FILE
 
 FORMAT = 1
-STATE_FILE = "stream_state.pt"
 
 
 def stream_fingerprint(stream: list) -> str:

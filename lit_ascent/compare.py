@@ -20,24 +20,43 @@ from it with ``--ckpt_path <run folder>``, so a long run can be spread over
 several sittings (stop it with Ctrl-C or SIGKILL, rerun the same command; a run
 killed after its last task finishes its end-of-stream hooks and gets its marker); an
 unfinished one without a checkpoint is deleted and run again from the start.
+
+Two executors schedule the same cells (``run_cell``: skip, continue or restart,
+run train.py, write the marker): ``serial`` (default) runs them one after the
+other here; ``ray`` (``lit_ascent.ray_executor``) runs each cell as one Ray task,
+every stream at once on a local Ray or a cluster (``--address``), retrying a
+failed stream from its checkpoint up to ``--max-retries`` times.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from callbacks.stream_checkpoint import STATE_FILE
-from lit_ascent.run_archive import LOG_NAME, MARKER, archived_path, read_records
+from lit_ascent.run_archive import LOG_NAME, MARKER, STATE_FILE, archived_path, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "train.py"
 METHOD_DIRS = ("configs/methods", "configs/ablations")
+CONFIG_ERROR = 2
+"""train.py's exit code for a bad config value: the same command would fail again, so it is not retried."""
+EXECUTORS = ("serial", "ray")
+RAY_ONLY = ("address", "cpus_per_stream", "gpus_per_stream", "max_retries")
+"""Options of the Ray executor (None unless given)."""
+# Runs ``argv[2:]`` in place of this process with no signal blocked (a Ray worker blocks SIGINT, and a child
+# inherits that, so it could not be stopped with SIGINT) and, on Linux, asks the kernel to SIGKILL it when its
+# parent dies (prctl PR_SET_PDEATHSIG), so a killed compare or Ray worker leaves no train.py writing into a run
+# folder that a retry is about to continue (argv[1]: the parent's pid, in case it died before the prctl).
+_CHILD = ("import ctypes, os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+          "sys.platform.startswith('linux') and ctypes.CDLL(None).prctl(1, 9); "
+          "os.getppid() == int(sys.argv[1]) or os._exit(137); os.execvp(sys.argv[2], sys.argv[2:])")
 
 
 @dataclass(frozen=True)
@@ -123,8 +142,32 @@ def resume_command(spec: RunSpec, cmd: list[str]) -> list[str] | None:
     return [*cmd, "--ckpt_path", str(spec.run_dir)]
 
 
-def run_one(spec: RunSpec, cmd: list[str], num_tasks: int | None) -> bool:
-    """Run one cell (continued from its checkpoint, else from scratch); write the marker when it finished."""
+def child_command(cmd: list[str]) -> list[str]:
+    """``cmd`` as a cell runs it: with no signal blocked, and killed when this process dies (Linux)."""
+    return [sys.executable, "-c", _CHILD, str(os.getpid()), *cmd]
+
+
+def retryable(returncode: int) -> bool:
+    """A failed train.py that may succeed when continued from its checkpoint: killed, crashed, out of memory;
+    not a bad config value (exit 2), which fails the same way every time."""
+    return returncode not in (0, CONFIG_ERROR)
+
+
+def is_done(spec: RunSpec, num_tasks: int | None, archive: Path | None) -> bool:
+    """The cell needs no run: finished in its folder, or in the report's archive."""
+    return is_finished(spec.run_dir, num_tasks) or is_archived(spec, archive, num_tasks)
+
+
+def cell_tag(i: int, n: int, spec: RunSpec) -> str:
+    return f"[{i + 1}/{n}] {spec.method} seed {spec.seed}"
+
+
+def run_cell(spec: RunSpec, cmd: list[str], num_tasks: int | None, env: dict[str, str] | None = None) -> int:
+    """Run one cell (continued from its checkpoint, else from scratch); write the marker when it finished.
+
+    ``env`` is added to train.py's environment (the Ray executor's thread counts). The cell's train.log
+    gets a line on where and when each attempt started and one on how it ended. Returns train.py's exit code.
+    """
     resumed = resume_command(spec, cmd)
     if resumed:
         print(f"  continuing {spec.run_dir} from its checkpoint ({count_records(spec.run_dir)} records)", flush=True)
@@ -134,16 +177,25 @@ def run_one(spec: RunSpec, cmd: list[str], num_tasks: int | None) -> bool:
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(spec.run_dir / "train.log", "a" if resumed else "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        log.write(f"# lit_ascent.compare: {'continued' if resumed else 'started'} on {socket.gethostname()} "
+                  f"at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        log.flush()
+        child_env = {**os.environ, **env} if env else None
+        rc = subprocess.run(child_command(cmd), stdout=log, stderr=subprocess.STDOUT, env=child_env).returncode
+        log.write(f"# lit_ascent.compare: train.py exited with {rc} after {time.time() - t0:.0f}s\n")
     records = count_records(spec.run_dir)
-    ok = rc == 0  # train.py returns 0 only when the stream was run to its end
-    if ok and num_tasks is not None and records < num_tasks:
+    if rc == 0 and num_tasks is not None and records < num_tasks:  # train.py returns 0 only at the stream's end
         print(f"note: {spec.run_dir} holds {records} < {num_tasks} records (the stream has fewer tasks)", flush=True)
-    if ok:
+    if rc == 0:
         marker = {"method": spec.method, "seed": spec.seed, "records": records,
                   "wall_s": round(time.time() - t0, 1), "resumed": bool(resumed), "command": cmd}
         (spec.run_dir / MARKER).write_text(json.dumps(marker, indent=1))
-    return ok
+    return rc
+
+
+def run_one(spec: RunSpec, cmd: list[str], num_tasks: int | None) -> bool:
+    """``run_cell`` for the serial executor: True when the cell finished."""
+    return run_cell(spec, cmd, num_tasks) == 0
 
 
 def run_matrix(specs: list[RunSpec], env_config: Path, extra_configs: list[Path], num_tasks: int | None,
@@ -153,8 +205,8 @@ def run_matrix(specs: list[RunSpec], env_config: Path, extra_configs: list[Path]
     result: dict[str, list[RunSpec]] = {"done": [], "skipped": [], "failed": []}
     for i, spec in enumerate(specs):
         cmd = train_command(spec, env_config, extra_configs, num_tasks, fixed_stream)
-        tag = f"[{i + 1}/{len(specs)}] {spec.method} seed {spec.seed}"
-        if is_finished(spec.run_dir, num_tasks) or is_archived(spec, archive, num_tasks):
+        tag = cell_tag(i, len(specs), spec)
+        if is_done(spec, num_tasks, archive):
             print(f"{tag}: finished already, skipped", flush=True)
             result["skipped"].append(spec)
             continue
@@ -184,12 +236,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--archive", type=Path, default=None,
                    help="a report's archive (docs/results/<name>/runs): cells whose log is there are skipped")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ray = p.add_argument_group("Ray executor (--executor ray)")
+    ray.add_argument("--executor", choices=EXECUTORS, default="serial",
+                     help="serial: one cell after the other, here; ray: every cell as one Ray task, all at once")
+    ray.add_argument("--address", default=None,
+                     help="Ray to use: none starts a local one; auto joins this machine's cluster; "
+                          "ray://HOST:PORT (Ray Client) or HOST:PORT (the head's GCS) joins that one")
+    ray.add_argument("--cpus-per-stream", type=float, default=None,
+                     help="CPUs Ray reserves per stream; also train.py's intra-op threads (default 1)")
+    ray.add_argument("--gpus-per-stream", type=float, default=None,
+                     help="GPUs Ray reserves per stream, fractions allowed: 0.25 puts 4 streams on a GPU (default 0)")
+    ray.add_argument("--max-retries", type=int, default=None,
+                     help="reruns of a failed stream, each from its checkpoint (default 2)")
     args = p.parse_args(argv)
     if args.num_tasks is not None and args.num_tasks < 1:
         p.error(f"--num-tasks must be >= 1, got {args.num_tasks}")
     for path in [args.env_config, *args.extra_config]:
         if not path.is_file():
             p.error(f"no config file {path}")
+    if args.executor == "serial":
+        given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY if getattr(args, name) is not None]
+        if given:
+            p.error(f"{', '.join(given)}: only with --executor ray")
+        return args
+    from lit_ascent import ray_executor  # imports ray only when it runs
+
+    problem = ray_executor.settings_error(args.address, args.cpus_per_stream, args.gpus_per_stream, args.max_retries)
+    if problem:
+        p.error(problem)
     return args
 
 
@@ -200,10 +274,24 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(err, file=sys.stderr)
         return 2
-    result = run_matrix(specs, args.env_config, args.extra_config, args.num_tasks, args.fixed_stream, args.dry_run,
-                        args.archive)
+    if args.executor == "ray" and not args.dry_run:
+        from lit_ascent import ray_executor
+
+        settings = ray_executor.RaySettings.from_args(args)
+        try:
+            result = ray_executor.run_matrix(specs, args.env_config, args.extra_config, args.num_tasks,
+                                             args.fixed_stream, args.archive, settings)
+        except ray_executor.RayUnavailable as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    else:
+        result = run_matrix(specs, args.env_config, args.extra_config, args.num_tasks, args.fixed_stream,
+                            args.dry_run, args.archive)
     print(f"done {len(result['done'])}, skipped {len(result['skipped'])}, failed {len(result['failed'])}; "
           f"report: python -m lit_ascent.report {args.out} --out docs/results/<name>")
+    if result.get("stopped"):
+        print(f"stopped {len(result['stopped'])} streams; rerun the same command to continue them", file=sys.stderr)
+        return 130
     return 1 if result["failed"] else 0
 
 

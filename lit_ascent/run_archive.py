@@ -21,6 +21,9 @@ from lit_ascent.paired import Records, Runs
 MARKER = "done.json"
 """Written by compare into a run folder when the run finished its stream."""
 LOG_NAME = "experience.jsonl"
+STATE_FILE = "stream_state.pt"
+"""A run folder's stream checkpoint (``callbacks/stream_checkpoint.py``); kept here, with the other
+run-folder names, so the results tooling and the Ray workers know it without importing torch."""
 SUFFIX = ".jsonl.gz"
 HELDOUT_NAME = "heldout.jsonl"
 HELDOUT_SUFFIX = ".heldout.jsonl.gz"
