@@ -1,4 +1,4 @@
-"""Thin callbacks: gate, filter, experience log, adapter saving, diagnostics, report, held-out evaluation."""
+"""Thin callbacks: gate, filter, experience log, adapter saving, diagnostics, report, transcripts, held-out evaluation."""
 from callbacks.adapter_checkpoint import AdapterCheckpoint
 from callbacks.diagnostics import CollapseDiagnostics
 from callbacks.experience_log import ExperienceLog
@@ -7,8 +7,9 @@ from callbacks.heldout import HeldOutEval
 from callbacks.probe import PIProbe
 from callbacks.report import StreamReport, summarize
 from callbacks.stream_stats import StreamStats
+from callbacks.transcript import EpisodeTranscripts
 from callbacks.transfer import TransferEval
 
-__all__ = ["AdapterCheckpoint", "CollapseDiagnostics", "EpisodeCallback", "ExperienceLog", "HeldOutEval",
+__all__ = ["AdapterCheckpoint", "CollapseDiagnostics", "EpisodeCallback", "EpisodeTranscripts", "ExperienceLog", "HeldOutEval",
            "InvalidTurnFilter", "PIProbe", "StreamReport", "StreamStats", "TransferEval", "VerificationGate",
            "summarize"]

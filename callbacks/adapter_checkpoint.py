@@ -25,7 +25,7 @@ class AdapterCheckpoint(L.Callback):
     def save(self, trainer, pl_module, name: str) -> None:
         if trainer.global_rank == 0:
             path = run_dir(trainer) / self.dirname / name
-            pl_module.policy.model.save_pretrained(str(path), safe_serialization=True)
+            pl_module.policy.save_adapter(path)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         k = self.every_n_tasks

@@ -40,8 +40,8 @@ def truncate_log(path: Path, offset: int) -> int:
 
 
 class ExperienceLog(L.Callback):
-    """Appends {task, verified, turns, invalid, actions, loss, update (absorbed fraction, replay), timings}
-    per task."""
+    """Appends {task, verified, turns, invalid, actions, texts, dtype, loss, update (absorbed fraction,
+    replay), timings} per task; ``texts`` holds each turn's generated text (why no action parsed shows there)."""
 
     def __init__(self, filename: str = "experience.jsonl"):
         """
@@ -59,7 +59,9 @@ class ExperienceLog(L.Callback):
         if pl_module.last is None or trainer.global_rank != 0:
             return
         episode, stats = pl_module.last
-        record = {**episode.summary(), "updates": stats.get("updates", 0),
+        record = {**episode.summary(), "texts": [turn.text for turn in episode.turns],
+                  "dtype": str(pl_module.policy.model.dtype).removeprefix("torch."),  # outcomes reproduce per dtype
+                  "updates": stats.get("updates", 0),
                   "loss": {k: v for k, v in stats.items() if k.startswith("loss/")},
                   "update": {k: v for k, v in stats.items() if k.startswith(("update/", "replay/"))},
                   "timings": {**episode.timings, "update_s": stats.get("perf/update_s", 0.0)}}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 
@@ -20,6 +21,26 @@ def summarize(records: list[dict]) -> dict[str, float]:
     }
 
 
+def learning_line(records: list[dict]) -> str:
+    """What the updates changed, in one line: how many steps from how many episodes, the share of
+    each updating episode's loss its steps removed (absorbed fraction), and the latest action drift
+    on the probe set (measured before the last task's update)."""
+    updating = [r for r in records if r["updates"]]
+    if not updating:
+        return "learning: no update (no episode passed the gate)"
+    line = (f"learning: {sum(r['updates'] for r in updating)} optimiser steps from {len(updating)} episodes "
+            f"({sum(r['verified'] for r in updating)} verified)")
+    absorbed = [r["absorbed"] for r in updating if r.get("absorbed") is not None]
+    if absorbed:
+        line += "; each absorbed " + "/".join(f"{a:.0%}" for a in absorbed) + " of its episode's loss"
+    last = records[-1]
+    if last.get("diagnostics/probe_actions"):
+        line += (f"; on {last['diagnostics/probe_actions']:.0f} probe actions before task {last['task_index']}: "
+                 f"KL {last['diagnostics/action_kl']:.2g} nats from the initial model, "
+                 f"{last['diagnostics/action_changes']:.0f} greedy actions changed")
+    return line
+
+
 class StreamReport(L.Callback):
     """Prints one line per task and the stream summary at the end."""
 
@@ -35,7 +56,8 @@ class StreamReport(L.Callback):
         if pl_module.last is None:
             return
         episode, stats = pl_module.last
-        rec = {**episode.summary(), "updates": stats.get("updates", 0)}
+        rec = {**episode.summary(), "updates": stats.get("updates", 0),
+               "absorbed": stats.get("update/absorbed_fraction")}
         self.records.append(rec)
         if self.verbose:
             t = episode.timings
@@ -45,6 +67,7 @@ class StreamReport(L.Callback):
                 f"{rec['invalid']} invalid, {rec['updates']} updates "
                 f"(rollout {t.get('rollout_s', 0):.1f}s = model {t.get('model_s', 0):.1f}s + env "
                 f"{t.get('env_s', 0):.1f}s, update {stats.get('perf/update_s', 0):.1f}s)"
+                + (f"; ended by an environment error: {rec['error']}" if rec["error"] else "")
             )
 
     def state_dict(self) -> dict:
@@ -54,6 +77,9 @@ class StreamReport(L.Callback):
         self.records = list(state["records"])
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        cfg, model = pl_module.llm_cfg, pl_module.policy.model
+        rank_zero_info(f"model: {cfg.name_or_path} in {str(model.dtype).removeprefix('torch.')} "
+                       f"(model.llm.dtype={cfg.dtype}), {torch.get_num_threads()} threads")
         rank_zero_info(f"update budget: {pl_module.budget()}")
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -61,3 +87,4 @@ class StreamReport(L.Callback):
         rank_zero_info("stream summary: " + ", ".join(
             f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items())
             + f" | update budget: {pl_module.budget()}")
+        rank_zero_info(learning_line(self.records))

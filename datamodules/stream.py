@@ -12,6 +12,7 @@ import random
 from collections import defaultdict
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lit_ascent.envs.base import TextEnv
@@ -72,6 +73,9 @@ class TaskStreamDataModule(L.LightningDataModule):
         if self.stream:
             return
         ordered = stream_order(self.env.tasks(), self.seed, self.shuffle, self.balance_by)
+        if self.num_tasks and self.num_tasks > len(ordered):
+            rank_zero_warn(f"data.num_tasks={self.num_tasks} but {type(self.env.inner).__name__} offers "
+                           f"{len(ordered)} tasks: the stream runs {len(ordered)}")
         ordered = ordered[: self.num_tasks] if self.num_tasks else ordered
         rng = random.Random(self.seed + 1)
         self.stream = [dataclasses.replace(t, index=i, seed=rng.randrange(2**31)) for i, t in enumerate(ordered)]

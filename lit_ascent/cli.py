@@ -1,7 +1,7 @@
 """LightningCLI for the stream: ``python train.py fit --config ...``.
 
 Infrastructure callbacks (experience log, adapter saving, diagnostics, report,
-held-out evaluation) are always on and configured under their own keys;
+transcripts, held-out evaluation) are always on and configured under their own keys;
 ``trainer.callbacks`` holds only the method's callbacks (gate, filter), so an
 ablation is a swap of that list.
 
@@ -26,6 +26,7 @@ from lightning.pytorch.cli import LightningCLI
 from callbacks import AdapterCheckpoint, CollapseDiagnostics, ExperienceLog, StreamReport, StreamStats
 from callbacks.heldout import HeldOutEval
 from callbacks.stream_checkpoint import StreamCheckpoint, prepare_resume
+from callbacks.transcript import EpisodeTranscripts, LoggedConfig
 from datamodules import TaskStreamDataModule
 from lit_ascent.module import OaTTTModule
 
@@ -95,6 +96,7 @@ class AscentCLI(LightningCLI):
         parser.add_lightning_class_args(AdapterCheckpoint, "adapter_checkpoint")
         parser.add_lightning_class_args(CollapseDiagnostics, "diagnostics")
         parser.add_lightning_class_args(StreamReport, "report")
+        parser.add_lightning_class_args(EpisodeTranscripts, "transcripts")  # after the diagnostics: shows them
         parser.add_lightning_class_args(HeldOutEval, "heldout")  # off until heldout.env is set (configs/heldout/)
         parser.add_lightning_class_args(StreamCheckpoint, "stream_checkpoint")
 
@@ -131,4 +133,4 @@ class AscentCLI(LightningCLI):
 def main(args=None, run: bool = True) -> AscentCLI:
     """Parse ``args`` (default: sys.argv) and, with ``run``, execute the subcommand."""
     return AscentCLI(OaTTTModule, TaskStreamDataModule, trainer_defaults=TRAINER_DEFAULTS,
-                     save_config_kwargs={"overwrite": True}, args=args, run=run)
+                     save_config_callback=LoggedConfig, save_config_kwargs={"overwrite": True}, args=args, run=run)

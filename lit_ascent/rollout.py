@@ -190,29 +190,41 @@ def safe_step(env: TextEnv, action: str | None) -> tuple[StepResult, str | None]
         return StepResult(f"Environment error: {err}", done=True, valid=False), repr(err)
 
 
+def safe_reset(env: TextEnv, task: Task) -> tuple[str, str | None]:
+    """(first observation, None), or (an error notice, the error) when ``reset`` raised: the episode
+    then ends before its first turn (the model never acts against an error text)."""
+    try:
+        return env.reset(task), None
+    except Exception as err:  # the stream must survive one bad episode
+        log.warning("environment error on reset of task %s: %s", task.task_id, err)
+        return f"Environment error: {err}", repr(err)
+
+
 class EpisodeRun:
     """The bookkeeping of one episode, whatever decodes its tokens.
 
     Protocol: feed ``prompt`` to a decoder; while ``budget()`` > 0, decode at most
     that many tokens (stopping at ``stop_ids`` or ``should_stop``), pass them to
     ``end_turn``, which steps the env and returns the observation ids to feed
-    next (None when the episode is over); finally ``finish()``.
+    next (None when the episode is over); finally ``finish()``. A failed ``reset``
+    gives an episode with ``error`` set and no turns (``budget()`` is 0 from the start).
     """
 
     def __init__(self, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None):
         self.t0 = time.perf_counter()
         self.tokenizer, self.env, self.cfg = tokenizer, env, cfg
-        system, first_obs = env.system_prompt(), env.reset(task)
+        system = env.system_prompt()
+        first_obs, error = safe_reset(env, task)
         if context:
             system = f"{system}\n\n{context}"
-        self.ep = Episode(task=task, system=system, first_observation=first_obs)
+        self.ep = Episode(task=task, system=system, first_observation=first_obs, error=error)
         self.prompt = chat_prompt_ids(tokenizer, system, first_obs)
         _append(self.ep, self.prompt, ROLE_PROMPT, -1)
         self.ep.prompt_len = len(self.prompt)
         self.template = observation_template(tokenizer)
         self.stop_ids = {tokenizer.eos_token_id} - {None}
         self.should_stop = _action_line_done(tokenizer) if cfg.stop_after_action else None
-        self.gen_tokens, self.ended, self.over = 0, False, False
+        self.gen_tokens, self.ended, self.over = 0, False, error is not None
         self.env_s = time.perf_counter() - self.t0  # reset (and prompt rendering) so far
 
     def budget(self) -> int:

@@ -10,17 +10,25 @@ from tests.test_cli import run_cli
 pytestmark = pytest.mark.slow
 
 
-def test_smollm2_textcraft_two_tasks(tmp_path):
-    proc = run_cli(tmp_path, "--config", "configs/textcraft/ascent.yaml", "--data.num_tasks", "2",
-                   "--model.rollout.max_turns", "3", "--model.rollout.max_new_tokens", "48",
-                   "--model.objective.chunk_size", "128", timeout=1800)
+def test_demo_verifies_updates_and_says_what_the_updates_changed(tmp_path):
+    """`make demo`'s stream (configs/demo.yaml): the reference base solves a task, the adapter is
+    updated, the summary reports the update's effect, TensorBoard holds each task's transcript."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = run_cli(tmp_path, "--config", "configs/textcraft/ascent.yaml", "--config", "configs/demo.yaml",
+                   timeout=2400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "runs" / "textcraft" / "version_0"
+    out = proc.stdout + proc.stderr
+    run = tmp_path / "runs" / "demo" / "version_0"
     records = [json.loads(line) for line in (run / "experience.jsonl").read_text().splitlines()]
-    assert len(records) == 2 and all(r["env"] == "textcraft" and r["turns"] >= 1 for r in records)
-    assert all(r["task_id"].startswith("minecraft:") for r in records)
+    assert len(records) == 3 and all(r["task_id"].startswith("minecraft:") for r in records)
+    assert any(r["verified"] for r in records) and sum(r["updates"] for r in records) >= 1
+    assert all(r["update"]["update/absorbed_fraction"] > 0 for r in records if r["updates"])
+    assert "stream summary: tasks=3" in out and "learning: " in out and "absorbed" in out
+    events = EventAccumulator(str(run), size_guidance={"tensors": 0})
+    events.Reload()
+    assert {f"transcript/task_{k:04d}/text_summary" for k in range(3)} <= set(events.Tags()["tensors"])
     assert (run / "adapter" / "final" / "adapter_model.safetensors").exists()
-    assert "stream summary: tasks=2" in proc.stdout + proc.stderr
 
 
 def test_smollm2_update_on_a_verified_textcraft_episode():

@@ -4,12 +4,15 @@ Adapters keep the environment's raw replies and report, per step, whether the
 action was executed (``valid``, the paper's d_{i,t}) and, at the end, whether the
 verifier accepted the episode (``verified``, v_i). Constructors are cheap: heavy
 state (recipe trees, game engines) is built lazily on first use.
+
+A subclass must define ``tasks``, ``reset`` and ``step``; one that leaves any out
+cannot be built, and the error names the class and the missing methods (Python's
+abstract-class check would too, but the config parser hides it behind "is abstract").
 """
 from __future__ import annotations
 
 import copy
 import re
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +55,28 @@ def action_token_mask(tokenizer, ids: list[int]) -> list[bool]:
     return mask
 
 
+REQUIRED_METHODS = ("tasks", "reset", "step")
+"""The methods every environment must define (the rest of ``TextEnv`` has defaults)."""
+
+
+class IncompleteEnvError(TypeError, ValueError):
+    """A ``TextEnv`` subclass that leaves a required method out was built.
+
+    A TypeError like Python's own abstract-class error, and a ValueError so that the
+    CLI reports it as a bad ``data.env`` (one ``error:`` line) instead of a traceback.
+    """
+
+
+def class_path(cls: type) -> str:
+    """``module.QualName`` of ``cls``, as a config's ``class_path`` names it."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def missing_methods(cls: type) -> list[str]:
+    """The ``REQUIRED_METHODS`` that ``cls`` does not define (still ``TextEnv``'s placeholders)."""
+    return [m for m in REQUIRED_METHODS if getattr(cls, m, None) is getattr(TextEnv, m)]
+
+
 @dataclass
 class StepResult:
     """What the environment says about one action."""
@@ -67,22 +92,36 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class TextEnv(ABC):
-    """A text environment with a task list, a ReAct prompt and a verifier."""
+class TextEnv:
+    """A text environment with a task list, a ReAct prompt and a verifier.
+
+    Required: ``tasks``, ``reset``, ``step``. Optional: ``system_prompt``, ``verify_at_end``,
+    ``close``, ``fresh`` and the ``name`` attribute. The constructor only stores settings;
+    heavy state (game engines, processes, data) is built lazily on first use.
+    """
 
     name: str = "env"
+    """Short environment name, written into every ``Task.env`` and the logs."""
 
-    @abstractmethod
+    def __new__(cls, *args: Any, **kwargs: Any) -> TextEnv:
+        if missing := missing_methods(cls):
+            listed = ", ".join(f"{m}()" for m in missing)
+            raise IncompleteEnvError(
+                f"{class_path(cls)} cannot be built: it does not define {listed} "
+                f"(a TextEnv must define {', '.join(f'{m}()' for m in REQUIRED_METHODS)})")
+        return super().__new__(cls)
+
     def tasks(self) -> list[Task]:
-        """Every task this configured environment offers, in a fixed order."""
+        """Required. Every task this configured environment offers, in a fixed order."""
+        raise NotImplementedError
 
-    @abstractmethod
     def reset(self, task: Task) -> str:
-        """Start ``task``; return the first observation (the task description)."""
+        """Required. Start ``task``; return the first observation (the task description) as one string."""
+        raise NotImplementedError
 
-    @abstractmethod
     def step(self, action: str) -> StepResult:
-        """Execute one parsed action."""
+        """Required. Execute one parsed action; return a ``StepResult`` (not a gym-style tuple)."""
+        raise NotImplementedError
 
     def verify_at_end(self) -> bool:
         """The verifier's verdict when the episode ends by the turn budget (default: unsolved)."""
@@ -97,13 +136,20 @@ class TextEnv(ABC):
         )
 
     def close(self) -> None:
-        """Release resources (processes, files)."""
+        """Release resources (processes, files): stop a game server here. Called when the stream
+        ends and on an instance abandoned after a fault."""
 
     def fresh(self) -> TextEnv:
         """A new environment with this one's settings, independent of it (batched evaluation,
         probes, the rebuild after a fault). Default: a deep copy; an environment whose live
-        episode cannot be copied (ALFWorld's game) builds a new instance instead."""
-        return copy.deepcopy(self)
+        episode cannot be copied (ALFWorld's game, a process or a socket) overrides this to
+        build a new instance from its settings instead."""
+        try:
+            return copy.deepcopy(self)
+        except (TypeError, copy.Error) as err:  # e.g. cannot pickle '_thread.RLock' object
+            raise TypeError(f"{type(self).__name__}.fresh(): the default deep copy failed ({err}); override "
+                            f"fresh() to build a new instance from this one's settings, e.g. "
+                            f"`return {type(self).__name__}(...)`") from err
 
 
 class ScriptedEnv(TextEnv):

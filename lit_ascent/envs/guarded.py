@@ -11,6 +11,12 @@ fresh instance is built before the next task.
 A fresh instance is ``env.fresh()`` of the environment as it was handed over,
 before any use (a deep copy by default; environment constructors are cheap and
 build heavy state lazily, see ``envs/base.py``): a clean, unstarted environment.
+
+The guard is also where the environment's replies are type-checked (``check_reply``):
+a ``reset`` that returns no string or a ``step`` that returns no ``StepResult`` (a
+gym-style tuple, None) fails that episode like an exception would, with a message
+naming the class and the method, instead of crashing later inside the chat template.
+A ``tasks`` or ``system_prompt`` of the wrong type fails the run at once.
 """
 from __future__ import annotations
 
@@ -26,6 +32,54 @@ log = logging.getLogger(__name__)
 
 class EnvFault(RuntimeError):
     """The environment raised or did not answer in time; the episode fails."""
+
+
+class EnvContractError(TypeError):
+    """An environment method returned a value of the wrong type (a bug in the environment)."""
+
+
+EXPECTED = {
+    "tasks": "a list of Task",
+    "reset": "a str (the first observation)",
+    "step": "a StepResult with a str observation",
+    "system_prompt": "a str",
+}
+"""What each checked method must return, as the error message says it."""
+
+_HINTS = {
+    ("reset", tuple): "; a gym-style (observation, info) pair? return only the observation text",
+    ("reset", type(None)): "; a missing return statement?",
+    ("step", tuple): "; a gym-style (observation, reward, done, info) tuple? "
+                     "return StepResult(observation, done=..., verified=..., valid=...)",
+    ("step", type(None)): "; a missing return statement?",
+}
+
+
+def reply_is_valid(method: str, value: Any) -> bool:
+    """Whether ``value`` is what ``method`` of a TextEnv must return (``EXPECTED``)."""
+    if method == "tasks":
+        return isinstance(value, (list, tuple)) and all(isinstance(t, Task) for t in value)
+    if method == "step":
+        return isinstance(value, StepResult) and isinstance(value.observation, str)
+    return isinstance(value, str)
+
+
+def _a(value: Any) -> str:
+    """'None', 'a tuple', 'an int': what a value is, for a message."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+
+
+def check_reply(env: TextEnv, method: str, value: Any) -> Any:
+    """``value`` when it has the type ``env.<method>()`` must return, else ``EnvContractError`` naming
+    the class, the method, the type it got and the one expected."""
+    if method not in EXPECTED or reply_is_valid(method, value):
+        return value
+    got = "a StepResult whose observation is " + _a(value.observation) if isinstance(value, StepResult) else _a(value)
+    raise EnvContractError(f"{type(env).__name__}.{method}() returned {got}, expected {EXPECTED[method]}"
+                           + _HINTS.get((method, type(value)), ""))
 
 
 def call_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float = 0.0) -> Any:
@@ -79,40 +133,41 @@ class GuardedEnv(TextEnv):
         return getattr(self.inner, item)
 
     def tasks(self) -> list[Task]:
-        return self.inner.tasks()
+        """The wrapped environment's tasks; the wrong type fails the run before its first task."""
+        return list(check_reply(self.inner, "tasks", self.inner.tasks()))
 
     def system_prompt(self) -> str:
-        return self.inner.system_prompt()
+        return check_reply(self.inner, "system_prompt", self.inner.system_prompt())
 
     def reset(self, task: Task) -> str:
-        """Start ``task`` on a healthy instance; a fault here fails the episode at its first step."""
+        """Start ``task`` on a healthy instance; a fault raises ``EnvFault`` (the rollout ends the episode
+        before its first turn)."""
         if self._broken:
             self._rebuild()
         self.episode_error = None
-        try:
-            return self._call(self.inner.reset, task)
-        except EnvFault as err:
-            return f"Environment error: {err}"
+        return self._call("reset", task)
 
     def step(self, action: str) -> StepResult:
-        if self.episode_error is not None:  # reset failed: end the episode now
+        if self.episode_error is not None:  # reset failed: nothing to step
             raise EnvFault(self.episode_error)
-        return self._call(self.inner.step, action)
+        return self._call("step", action)
 
     def verify_at_end(self) -> bool:
         if self.episode_error is not None:
             return False
         try:
-            return bool(self._call(self.inner.verify_at_end))
+            return bool(self._call("verify_at_end"))
         except EnvFault:
             return False
 
     def close(self) -> None:
         _close_quietly(self.inner, self.step_timeout_s)
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, method: str, *args: Any) -> Any:
+        """``inner.<method>(*args)`` under the time limit, its reply type-checked; any failure is a fault."""
         try:
-            return call_with_timeout(fn, *args, timeout_s=self.step_timeout_s)
+            value = call_with_timeout(getattr(self.inner, method), *args, timeout_s=self.step_timeout_s)
+            return check_reply(self.inner, method, value)
         except Exception as err:
             self.faults += 1
             self._broken = True

@@ -103,7 +103,7 @@ def save_adapter(policy, out: str | Path, recipe: dict, demos: list[Demo]) -> Pa
     """The LoRA adapter (safetensors), ``recipe.json`` and ``demos.jsonl`` in ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(out), safe_serialization=True)
+    policy.save_adapter(out)
     (out / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
     (out / "demos.jsonl").write_text("".join(json.dumps(d.record()) + "\n" for d in demos))
     return out
