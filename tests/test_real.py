@@ -132,3 +132,28 @@ def test_smollm2_heldout_evaluation_on_textcraft(tmp_path):
     assert {r["task_id"] for r in records[:2]} == {r["task_id"] for r in records[2:]}
     stream = [json.loads(line)["task_id"] for line in (run / "experience.jsonl").read_text().splitlines()]
     assert not set(stream) & {r["task_id"] for r in records}
+
+
+def test_committed_textcraft_episode_reproduces_in_float32():
+    """The reference config runs in float32 so that committed per-task outcomes reproduce on another
+    machine (docs/results/README.md, Reproducibility): seed 1's task 3, built from the config as the
+    stream builds it, replays the committed episode action for action."""
+    from lit_ascent.cli import main
+    from lit_ascent.models import load_policy
+    from lit_ascent.rollout import rollout
+    from lit_ascent.run_archive import read_records
+
+    committed = read_records("docs/results/textcraft_efficacy/runs/base/seed1.jsonl.gz")[3]
+    cli = main(["--config", "configs/textcraft/ascent.yaml", "--config", "configs/methods/base.yaml",
+                "--data.seed", "1"], run=False)
+    assert cli.model.llm_cfg.dtype == "float32"
+    data = cli.datamodule
+    data.setup()
+    try:
+        task = data.stream[3]
+        assert task.task_id == committed["task_id"] == "minecraft:spruce_trapdoor"
+        policy = load_policy(cli.model.llm_cfg)
+        episode = rollout(policy.model, policy.tokenizer, data.env, task, cli.model.rollout_cfg)
+    finally:
+        data.teardown()
+    assert episode.actions == committed["actions"] and episode.verified == committed["verified"] is True
