@@ -27,7 +27,7 @@ def learning_line(records: list[dict]) -> str:
     on the probe set (measured before the last task's update)."""
     updating = [r for r in records if r["updates"]]
     if not updating:
-        return "learning: no update (no episode passed the gate)"
+        return "learning: no update"
     line = (f"learning: {sum(r['updates'] for r in updating)} optimiser steps from {len(updating)} episodes "
             f"({sum(r['verified'] for r in updating)} verified)")
     absorbed = [r["absorbed"] for r in updating if r.get("absorbed") is not None]

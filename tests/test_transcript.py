@@ -63,3 +63,17 @@ def test_debug_run_logs_each_task_transcript_and_its_settings(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("hp_metric")] == [(0, -1.0), (len(records), success)]
     hparams = (run / "hparams.yaml").read_text()
     assert "model.optim.lr: 0.001" in hparams and "data.env.class_path: lit_ascent.envs.ScriptedEnv" in hparams
+
+
+def test_learning_line_says_what_the_updates_changed():
+    from callbacks.report import learning_line
+
+    base = {"verified": False, "updates": 0, "absorbed": None, "task_index": 0}
+    assert learning_line([base]) == "learning: no update"
+    records = [{**base, "verified": True, "updates": 2, "absorbed": 0.5},
+               {**base, "task_index": 1, "verified": True, "updates": 1, "absorbed": 0.25},
+               {**base, "task_index": 2, "diagnostics/probe_actions": 8.0, "diagnostics/action_kl": 3.1e-4,
+                "diagnostics/action_changes": 1.0}]
+    assert learning_line(records) == (
+        "learning: 3 optimiser steps from 2 episodes (2 verified); each absorbed 50%/25% of its episode's loss; "
+        "on 8 probe actions before task 2: KL 0.00031 nats from the initial model, 1 greedy actions changed")
