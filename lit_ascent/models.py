@@ -192,7 +192,7 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> Policy:
         log.warning("model.llm.packed_gqa_decode: the model uses %r attention, not sdpa; left as it is",
                     model.config._attn_implementation)
     if cfg.gradient_checkpointing:  # non-reentrant: frozen inputs still give LoRA gradients
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     peft_model = get_peft_model(model, lora)
     if cfg.init_adapter:
         _load_fast_weights(peft_model, Path(cfg.init_adapter).expanduser())

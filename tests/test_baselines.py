@@ -63,7 +63,7 @@ def test_imitation_chunked_equals_unchunked(policy):
 
 
 def mean_logprob_after_step(policy, ep, obj, lr=0.5) -> tuple[float, float]:
-    before = float(sampled_token_logprobs(policy, ep).mean())
+    before = float(sampled_token_logprobs(policy, ep).mean().detach())
     opt = torch.optim.SGD(policy.trainable_parameters(), lr=lr)
     run_loss(obj, policy, ep).loss.backward()
     opt.step()

@@ -16,6 +16,8 @@ from datamodules import TaskStreamDataModule
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 OVERLAYS = sorted([*CONFIGS.glob("methods/*.yaml"), *CONFIGS.glob("ablations/*.yaml")])
+DEMO = CONFIGS / "demo.yaml"
+"""The quick-start overlay on the TextCraft config: a shorter stream, not a method."""
 
 
 def is_train_config(path: Path) -> bool:
@@ -25,7 +27,7 @@ def is_train_config(path: Path) -> bool:
 
 
 ALL_YAML = sorted(CONFIGS.rglob("*.yaml"))
-ENV_CONFIGS = [p for p in ALL_YAML if p not in OVERLAYS and is_train_config(p)]
+ENV_CONFIGS = [p for p in ALL_YAML if p not in [*OVERLAYS, DEMO] and is_train_config(p)]
 METHODS = sorted(p.stem for p in CONFIGS.glob("methods/*.yaml"))
 
 EXPECTED = {  # method -> (objective class, method callbacks)
@@ -77,6 +79,14 @@ def test_overlay_parses_on_every_env_config(env, overlay):
         objective, callbacks = EXPECTED[overlay.stem]
         assert type(cli.model.objective) is objective
         assert method_callbacks(cli) == callbacks
+
+
+def test_demo_overlay_shortens_the_textcraft_stream_and_keeps_ascent():
+    ref, demo = parse(CONFIGS / "textcraft/ascent.yaml"), parse(CONFIGS / "textcraft/ascent.yaml", DEMO)
+    assert (demo.datamodule.num_tasks, demo.datamodule.seed, demo.model.rollout_cfg.max_turns) == (3, 244, 10)
+    assert demo.trainer.logger.name == "demo" and demo.config.model.llm == ref.config.model.llm
+    assert type(demo.model.objective) is Distillation and vars(demo.model.objective) == vars(ref.model.objective)
+    assert method_callbacks(demo) == [VerificationGate, InvalidTurnFilter]
 
 
 def test_method_overlays_set_their_defining_arguments():

@@ -157,7 +157,7 @@ def stream_trainer(tmp_path, heldout, num_tasks=3, dtype="float32", logger=None)
     data = TaskStreamDataModule(ScriptedEnv(num_tasks=num_tasks, episode_steps=2, verify_every=1), seed=0)
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=logger or MemoryLogger(), callbacks=[heldout],
                         default_root_dir=str(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=1)
     trainer.fit(module, datamodule=data)
     return trainer, module
 
@@ -307,6 +307,7 @@ class CrashAt(L.Callback):
             raise RuntimeError("crash")
 
 
+@pytest.mark.filterwarnings("ignore:Total length of")  # resumed after its last task: no batch left, on purpose
 def test_resume_keeps_the_initial_outcomes_and_drops_records_after_the_checkpoint(tmp_path, monkeypatch):
     crash = json.dumps([{"class_path": "callbacks.VerificationGate"},
                         {"class_path": "test_heldout.CrashAt", "init_args": {"index": 3}}])

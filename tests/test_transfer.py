@@ -45,7 +45,7 @@ def stream_trainer(tmp_path, callbacks, objective, num_tasks=4):
     logger = MemoryLogger()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=logger, callbacks=callbacks,
                         default_root_dir=str(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=1)
     trainer.fit(module, datamodule=data)
     return trainer, module, logger
 
