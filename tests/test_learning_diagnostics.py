@@ -124,7 +124,7 @@ def test_absorbed_fraction_matches_a_hand_computation(policy):
     policy.model.train()
     prepared = objective.prepare(policy, ep)
     loss = objective.loss(policy, ep, prepared).loss
-    before = float(loss)
+    before = float(loss.detach())
     loss.backward()
     with torch.no_grad():  # one plain gradient step by hand
         for p in policy.trainable_parameters():
