@@ -20,7 +20,6 @@ Every other option (``--config``, ``--data.env.init_args.split eval``, ...) is t
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import warnings
 from typing import Callable
@@ -51,16 +50,10 @@ def turn_text(action: str) -> str:
 
 
 def solver_for(env: TextEnv) -> Callable[[Task], list[str]]:
-    """The environment's own solver (task -> actions): its ``expert_actions`` (ALFWorld's planner; any
-    environment may define one), or TextCraft's solver; ValueError when it has none."""
-    from lit_ascent.envs.textcraft import TextCraftEnv
-
+    """The environment's own solver (task -> actions): its ``expert_actions`` (TextCraft's solver,
+    ALFWorld's planner; any environment may define one); ValueError when it has none."""
     if hasattr(env, "expert_actions"):
         return env.expert_actions
-    if isinstance(env, TextCraftEnv):
-        from lit_ascent.envs.textcraft_solver import solve
-
-        return functools.partial(solve, env)
     raise ValueError(f"--solver: {type(env).__name__} has no solver; define expert_actions(task) -> list[str] "
                      "on it, or give the actions with --actions")
 

@@ -271,6 +271,12 @@ class TextCraftEnv(TextEnv):
             info={"reward": reward},
         )
 
+    def expert_actions(self, task: Task) -> list[str]:
+        """The solver's action sequence for ``task`` (``textcraft_solver.solve``: resets this env to it)."""
+        from lit_ascent.envs.textcraft_solver import solve  # it imports this module
+
+        return solve(self, task)
+
     def system_prompt(self) -> str:
         return _SYSTEM_PROMPT
 
