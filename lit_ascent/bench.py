@@ -32,7 +32,8 @@ from lit_ascent.evaluate import evaluate
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation
 from lit_ascent.privileged import teacher_sequence
-from lit_ascent.rollout import EpisodeRun, IncrementalDecoder, RolloutConfig, rollout, skip_zero_adapter
+from lit_ascent.engines.hf import IncrementalDecoder
+from lit_ascent.rollout import EpisodeRun, RolloutConfig, rollout, skip_zero_adapter
 from lit_ascent.trajectory import Episode, Task
 
 TARGETS = {"reuse_speedup_20": 2.0, "decode_of_bound": 0.6, "update_of_matmul": 0.5,
@@ -332,11 +333,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     result = run(args.quick, args.dtype)
-    out = Path(args.out)
+    save(args.out, result, markdown(result))
+
+
+def save(out: str | Path, result: dict, text: str) -> None:
+    """Write ``<out>.json`` (raw numbers) and ``<out>.md`` (``text``), and print the text."""
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

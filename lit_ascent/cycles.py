@@ -36,7 +36,8 @@ from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.module import OptimConfig
 from lit_ascent.objectives.resail import ReSAIL
 from lit_ascent.privileged import lesson_block, lesson_request
-from lit_ascent.rollout import IncrementalDecoder, RolloutConfig, chat_prompt_ids
+from lit_ascent.engines.hf import IncrementalDecoder
+from lit_ascent.rollout import RolloutConfig, chat_prompt_ids
 from lit_ascent.trajectory import Episode, Task
 
 log = logging.getLogger(__name__)

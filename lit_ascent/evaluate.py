@@ -16,7 +16,8 @@ from typing import Callable
 import torch
 
 from lit_ascent.envs.base import TextEnv
-from lit_ascent.rollout import EpisodeRun, RolloutConfig, growing_cache, rollout, skip_zero_adapter
+from lit_ascent.engines.hf import growing_cache
+from lit_ascent.rollout import EpisodeRun, RolloutConfig, rollout, skip_zero_adapter
 from lit_ascent.trajectory import Episode, Task
 
 log = logging.getLogger(__name__)

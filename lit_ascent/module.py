@@ -10,10 +10,11 @@ import torch
 from jsonargparse import lazy_instance
 from torchmetrics import MeanMetric, Metric
 
+from lit_ascent.engines import close_engines
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation, LossOutput, Objective
 from lit_ascent.objectives.experience_replay import ReplayBuffer, ReplayConfig
-from lit_ascent.rollout import RolloutConfig, rollout
+from lit_ascent.rollout import RolloutConfig, rollout, rollout_engine
 from lit_ascent.trajectory import Episode, Task
 
 log = logging.getLogger(__name__)
@@ -76,10 +77,15 @@ class OaTTTModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is None:  # heavy: built when the trainer starts, not in __init__
             self.policy = load_policy(self.llm_cfg, self.device)
+            rollout_engine(self.rollout_cfg, self.policy.model)  # an engine that cannot start fails the run here
 
     def setup(self, stage: str) -> None:
         seed = getattr(self.trainer.datamodule, "seed", 0) if self.trainer.datamodule is not None else 0
         self.replay = ReplayBuffer(self.replay_cfg, seed)  # replay draws follow the stream's seed
+
+    def teardown(self, stage: str) -> None:
+        if self.policy is not None:  # e.g. the vllm engine's server process
+            close_engines(self.policy.model)
 
     def budget(self) -> str:
         """The update budget in one line (lr, steps per episode, replay, LoRA size)."""
@@ -237,6 +243,7 @@ class OaTTTModule(L.LightningModule):
             "train/skipped_nonfinite": float(self.counters["skipped_nonfinite"]),
             "rollout/tokens_per_s": ep.timings.get("tokens_per_s", 0.0),
             "perf/rollout_s": ep.timings.get("rollout_s", 0.0),
+            **{f"perf/{k}": v for k, v in ep.timings.items() if k.startswith("engine_")},
         }, **kw)
         # Update metrics exist only for tasks that updated; self.log would repeat the last
         # value at every later step, so they go to the loggers directly, at the task's index.

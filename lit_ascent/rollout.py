@@ -5,19 +5,22 @@ tokens the cache has not seen (the previous stop token and the new
 observation), never the whole history again. The bookkeeping of an episode
 (``EpisodeRun``: prompt, turn budget, env steps, roles) is separate from the
 decoding, so the batched evaluation (``lit_ascent.evaluate``) runs the very
-same episode logic over a shared batch cache.
+same episode logic over a shared batch cache. How the tokens are generated is
+the engine's business (``lit_ascent.engines``, ``RolloutConfig.engine``).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from lit_ascent.engines.base import ENGINES, engine_for
+from lit_ascent.engines.fused import FusedSettings
+from lit_ascent.engines.vllm import VLLMSettings
 from lit_ascent.envs.base import StepResult, TextEnv, parse_action
 from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
 
@@ -41,8 +44,20 @@ class RolloutConfig:
     decode_threads: int = 1
     """CPU threads while decoding (0: torch's default). One row per step is overhead-bound:
     on the 2-core reference machine 1 thread decodes ~3x faster than 2."""
+    engine: str = "hf"
+    """How tokens are generated (``lit_ascent.engines``): hf (transformers' forward, exact; the reference),
+    fused (Llama-family CPU decoder with the LoRA folded in; same greedy tokens in float32, faster),
+    vllm (a vLLM server in its own environment; ``make install-vllm``)."""
+    fused: FusedSettings = field(default_factory=FusedSettings)
+    """Settings of the fused engine (unused by the others)."""
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
+    """Settings of the vllm engine (unused by the others)."""
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"rollout.engine must be one of {sorted(ENGINES)}, got {self.engine!r}")
+        if self.engine == "vllm":
+            self.vllm.check_installed()
         if self.decode_threads < 0:
             raise ValueError(f"rollout.decode_threads must be >= 0, got {self.decode_threads}")
         for name in ("max_turns", "max_new_tokens", "max_context_tokens"):
@@ -78,97 +93,6 @@ def observation_ids(tokenizer, observation: str, turn_closed: bool, template) ->
     if turn_closed and eot and before.startswith(eot):
         before = before[len(eot):]
     return tokenizer(before + observation + after, add_special_tokens=False).input_ids
-
-
-class GrowingLayer(DynamicLayer):
-    """A cache layer whose keys/values live in a buffer of doubling capacity.
-
-    DynamicLayer concatenates on every step, copying the whole cache for each
-    new token (O(T) per token); this writes new entries in place and copies
-    only when the capacity doubles. ``keys``/``values`` are views of the filled part.
-    """
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.length, self._kbuf, self._vbuf = 0, None, None
-        n, new = self.length, key_states.shape[-2]
-        if self._kbuf is None or n + new > self._kbuf.shape[-2]:
-            self._kbuf, self._vbuf = (self._grown(b, s, max(2 * (n + new), 64))
-                                      for b, s in ((self._kbuf, key_states), (self._vbuf, value_states)))
-        self._kbuf[..., n:n + new, :] = key_states
-        self._vbuf[..., n:n + new, :] = value_states
-        self.length = n + new
-        self.keys, self.values = self._kbuf[..., : n + new, :], self._vbuf[..., : n + new, :]
-        return self.keys, self.values
-
-    def _grown(self, buf, states, capacity):
-        out = states.new_zeros((*states.shape[:-2], capacity, states.shape[-1]))
-        if buf is not None:
-            out[..., : self.length, :] = buf[..., : self.length, :]
-        return out
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices`` (finished episodes leave a batched cache)."""
-        if self.is_initialized and self._kbuf is not None:
-            self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
-            self.keys, self.values = self._kbuf[..., : self.length, :], self._vbuf[..., : self.length, :]
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("GrowingLayer does not crop")
-
-
-def growing_cache() -> DynamicCache:
-    """A DynamicCache made of ``GrowingLayer``s (no per-token copy of the whole cache)."""
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = GrowingLayer
-    return cache
-
-
-class IncrementalDecoder:
-    """Greedy decoding over a KV cache that persists across turns.
-
-    ``unfed`` holds ids appended to the sequence but not yet run through the
-    model; every ``generate`` call pre-fills exactly those, then decodes.
-    ``trace``, when set to a list, receives the (V,) logits of every decoded
-    token (for exactness tests).
-    """
-
-    def __init__(self, model, stop_ids: set[int]):
-        self.model, self.stop_ids = model, stop_ids
-        self.cache = growing_cache()
-        self.unfed: list[int] = []
-        self.seen = 0
-        self.trace: list[torch.Tensor] | None = None
-
-    def extend(self, ids: list[int]) -> None:
-        self.unfed.extend(ids)
-
-    @torch.no_grad()
-    def _feed(self) -> torch.Tensor:
-        ids = torch.tensor([self.unfed], device=self.model.device)
-        pos = torch.arange(self.seen, self.seen + ids.shape[1], device=ids.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                         cache_position=pos, logits_to_keep=1)
-        self.seen += ids.shape[1]
-        self.unfed = []
-        return out.logits[0, -1]
-
-    def generate(self, max_new_tokens: int, should_stop=None) -> tuple[list[int], bool]:
-        """Greedy tokens until a stop id (included, returns closed=True) or the budget."""
-        out: list[int] = []
-        for _ in range(max_new_tokens):
-            logits = self._feed()
-            if self.trace is not None:
-                self.trace.append(logits.float().clone())
-            token = int(logits.argmax())
-            out.append(token)
-            self.unfed = [token]
-            if token in self.stop_ids:
-                return out, True
-            if should_stop is not None and should_stop(out):
-                break
-        return out, False
 
 
 def _action_line_done(tokenizer):
@@ -275,25 +199,36 @@ class EpisodeRun:
         return ep
 
 
+def rollout_engine(cfg: RolloutConfig, model):
+    """The engine ``cfg`` chooses for ``model`` (built on first use, with its settings)."""
+    return engine_for(cfg.engine, model, getattr(cfg, cfg.engine, None))
+
+
 def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None,
-            *, decoder_factory=IncrementalDecoder) -> Episode:
+            *, decoder_factory=None) -> Episode:
     """Run one greedy ReAct episode of ``task`` with ``model`` as it is now.
 
     ``context`` (e.g. privileged information for a PI-conditioned probe) is
     appended to the system message at the same point the teacher's PI goes.
-    ``decoder_factory(model, stop_ids)`` builds the decoder (tests swap in a
-    reference that recomputes the whole sequence).
+    The decoder comes from ``cfg.engine``; ``decoder_factory(model, stop_ids)``
+    overrides it (tests swap in a reference that recomputes the whole sequence).
     """
     run = EpisodeRun(tokenizer, env, task, cfg, context)
-    decoder = decoder_factory(model, run.stop_ids)
-    decoder.extend(run.prompt)
+    engine = None if decoder_factory else rollout_engine(cfg, model)
+    perf_before = dict(engine.perf) if engine else {}
     with cpu_threads(cfg.decode_threads, model), skip_zero_adapter(model):
+        decoder = decoder_factory(model, run.stop_ids) if decoder_factory else engine.decoder(run.stop_ids)
+        decoder.extend(run.prompt)
         while (budget := run.budget()) > 0:
             obs = run.end_turn(*decoder.generate(budget, run.should_stop))
             if obs is None:
                 break
             decoder.extend(obs)
-    return run.finish()
+    ep = run.finish()
+    if engine:
+        ep.timings.update({f"engine_{k}": v - perf_before.get(k, 0.0) for k, v in engine.perf.items()
+                           if v != perf_before.get(k, 0.0)})
+    return ep
 
 
 @contextlib.contextmanager

@@ -10,8 +10,8 @@ from torch.testing import assert_close
 from transformers import DynamicCache
 
 from lit_ascent.envs import ScriptedEnv
-from lit_ascent.rollout import (GrowingLayer, IncrementalDecoder, RolloutConfig, adapter_is_zero, growing_cache, rollout,
-                                skip_zero_adapter)
+from lit_ascent.engines.hf import GrowingLayer, IncrementalDecoder, growing_cache
+from lit_ascent.rollout import RolloutConfig, adapter_is_zero, rollout, skip_zero_adapter
 
 
 class FullRecompute:

@@ -1,0 +1,273 @@
+"""A fused CPU decoder for Llama-family models: the forward written as a few plain tensor ops.
+
+Decoding one token on a CPU is bound by reading the weights once from memory;
+transformers' forward adds per-module overhead (and PEFT two more small matmuls
+and an add per adapted linear layer) that costs more than the reads themselves
+at SmolLM2's size. This engine runs the same mathematics with the LoRA folded
+into the weights (W + s * B @ A, computed again only when the adapter changes),
+q/k/v and gate/up packed into one matrix each, and a static key/value buffer per
+layer; ``python -m lit_ascent.bench`` measures it against the bandwidth bound.
+
+Not bit-identical to transformers (packed matmuls and the folded LoRA round
+differently), so it is tested on greedy tokens: in float32 the episodes of the
+engine contract tests equal the ``hf`` engine's. Supported: ``llama``, ``qwen2``
+and ``qwen3`` model types with default-style RoPE (any ``rope_type`` transformers
+computes into ``inv_freq``), SiLU MLP, no sliding window; others fail when the
+engine is built, naming the model type.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lit_ascent.engines.base import AdapterWatch, Engine, GreedyDecoder
+
+SUPPORTED = ("llama", "qwen2", "qwen3")
+
+
+@dataclass
+class FusedSettings:
+    """Settings of the fused engine."""
+
+    prompt_lookup: int = 8
+    """Draft tokens checked per forward, copied from the episode so far (0: one token per forward).
+    Greedy output either way; fewer forwards when the agent repeats its context."""
+
+    def __post_init__(self) -> None:
+        if self.prompt_lookup < 0:
+            raise ValueError(f"model.rollout.fused.prompt_lookup must be >= 0, got {self.prompt_lookup}")
+
+
+def effective_weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) a linear layer applies now: a PEFT LoRA layer's active adapters folded in."""
+    base = getattr(linear, "base_layer", linear)
+    w = base.weight.detach()
+    if base is not linear and not linear.disable_adapters:
+        for name in linear.active_adapters:
+            if name in linear.lora_A:
+                b = linear.lora_B[name].weight.detach()
+                if b.any():
+                    w = w + linear.scaling[name] * (b @ linear.lora_A[name].weight.detach())
+    return w, (base.bias.detach() if base.bias is not None else None)
+
+
+def _packed(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ws, bs = zip(*(effective_weight(lin) for lin in linears))
+    bias = None if all(b is None for b in bs) else torch.cat(
+        [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(ws, bs)])
+    return torch.cat(ws).contiguous(), bias
+
+
+@dataclass
+class LayerWeights:
+    qkv: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate_up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+    norm_in: torch.Tensor
+    norm_post: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+def causal_lm_parts(model):
+    """(causal LM, its decoder stack) under any PEFT wrapping."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return lm, lm.get_decoder()
+
+
+def check_supported(model) -> None:
+    """Raise ValueError naming what the fused engine cannot run."""
+    cfg = causal_lm_parts(model)[0].config
+    kind = getattr(cfg, "model_type", "?")
+    problems = []
+    if kind not in SUPPORTED:
+        problems.append(f"model type {kind!r} (supported: {', '.join(SUPPORTED)})")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {cfg.hidden_act!r}")
+    if getattr(cfg, "use_sliding_window", False):
+        problems.append("a sliding attention window")
+    if problems:
+        raise ValueError("model.rollout.engine: fused cannot run this model: " + "; ".join(problems)
+                         + ". Use engine: hf.")
+
+
+class FusedWeights:
+    """The model's effective weights, packed for decoding; rebuilt when the adapter changes."""
+
+    def __init__(self, model):
+        lm, stack = causal_lm_parts(model)
+        cfg = lm.config
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        rotary = stack.rotary_emb
+        self.inv_freq = rotary.inv_freq.detach().float().cpu()
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.embed = stack.embed_tokens.weight.detach()
+        self.norm = stack.norm.weight.detach()
+        self.head = effective_weight(lm.get_output_embeddings())
+        self.layers = []
+        for layer in stack.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            self.layers.append(LayerWeights(
+                _packed(at.q_proj, at.k_proj, at.v_proj), effective_weight(at.o_proj),
+                _packed(mlp.gate_proj, mlp.up_proj), effective_weight(mlp.down_proj),
+                layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                getattr(getattr(at, "q_norm", None), "weight", None), getattr(getattr(at, "k_norm", None), "weight", None)))
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self._cos = self._sin = torch.empty(0)
+
+    def rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (end - start, head_dim) of positions [start, end), as transformers computes them."""
+        if end > self._cos.shape[0]:
+            pos = torch.arange(max(2 * end, 1024), dtype=torch.float32)
+            freqs = torch.outer(pos, self.inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos = (emb.cos() * self.rope_scale).to(self.device, self.dtype)
+            self._sin = (emb.sin() * self.rope_scale).to(self.device, self.dtype)
+        return self._cos[start:end], self._sin[start:end]
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def prompt_lookup(ids: list[int], k: int, limit: int, ngram: int = 3) -> list[int]:
+    """Up to min(k, limit) ids that followed the latest earlier occurrence of the last ``ngram`` ids of
+    ``ids`` (then shorter n-grams, down to one id); [] when none occurs. A ReAct agent copies much of
+    its reply from the prompt and earlier turns (recipe lines, item names, its own previous actions)."""
+    k = min(k, limit)
+    if k <= 0:
+        return []
+    for n in range(min(ngram, len(ids) - 1), 0, -1):
+        tail = ids[-n:]
+        for s in range(len(ids) - n - 1, -1, -1):
+            if ids[s:s + n] == tail:
+                return ids[s + n:s + n + k]
+    return []
+
+
+class FusedDecoder(GreedyDecoder):
+    """One episode's decoder over ``FusedWeights``, with its own growing key/value buffers."""
+
+    def __init__(self, weights: FusedWeights, stop_ids: set[int], lookup: int = 0):
+        super().__init__(stop_ids)
+        self.w, self.lookup = weights, lookup
+        self.history: list[int] = []  # every id of the episode so far (where drafts are looked up)
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def _room(self, end: int) -> None:
+        if self.k and end <= self.k[0].shape[1]:
+            return
+        cap, w = max(2 * end, 256), self.w
+        grow = [torch.zeros(w.kv_heads, cap, w.head_dim, dtype=w.dtype, device=w.device) for _ in w.layers]
+        for new, old in zip(grow, self.k):
+            new[:, : self.seen] = old[:, : self.seen]
+        grow_v = [torch.zeros_like(g) for g in grow]
+        for new, old in zip(grow_v, self.v):
+            new[:, : self.seen] = old[:, : self.seen]
+        self.k, self.v = grow, grow_v
+
+    def extend(self, ids: list[int]) -> None:
+        super().extend(ids)
+        self.history.extend(ids)
+
+    @torch.no_grad()
+    def _feed(self, draft: list[int] = ()) -> torch.Tensor:
+        """Run the unfed ids and ``draft``; the logits after the last unfed id and after each draft id
+        ((1 + len(draft), V); one row, (V,), without a draft). The cache keeps all of them until
+        ``seen`` is set back (rejected draft ids are overwritten later)."""
+        ids = self.unfed + list(draft)
+        w, n, t = self.w, self.seen, len(ids)
+        self._room(n + t)
+        h = w.embed[torch.tensor(ids, device=w.device)]
+        cos, sin = w.rope(n, n + t)
+        hq, hk, d = w.heads, w.kv_heads, w.head_dim
+        mask = torch.ones(t, n + t, dtype=torch.bool, device=w.device).tril(diagonal=n) if t > 1 else None
+        for i, lw in enumerate(w.layers):
+            q, k, v = F.linear(_rms(h, lw.norm_in, w.eps), *lw.qkv).split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = q.view(t, hq, d).transpose(0, 1), k.view(t, hk, d).transpose(0, 1), v.view(t, hk, d).transpose(0, 1)
+            if lw.q_norm is not None:
+                q, k = _rms(q, lw.q_norm, w.eps), _rms(k, lw.k_norm, w.eps)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            self.k[i][:, n:n + t], self.v[i][:, n:n + t] = k, v
+            keys, values = self.k[i][:, : n + t], self.v[i][:, : n + t]
+            if t == 1:  # one query: pack the query heads onto their key/value head
+                a = F.scaled_dot_product_attention(q.reshape(hk, hq // hk, d), keys, values).reshape(hq, 1, d)
+            else:
+                a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=hq != hk)
+            h = h + F.linear(a.transpose(0, 1).reshape(t, hq * d), *lw.o)
+            gate, up = F.linear(_rms(h, lw.norm_post, w.eps), *lw.gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, *lw.down)
+        self.seen, self.unfed = n + t, []
+        if not draft:
+            return F.linear(_rms(h[-1], w.norm, w.eps), *w.head)
+        return F.linear(_rms(h[-1 - len(draft):], w.norm, w.eps), *w.head)
+
+    def generate(self, max_new_tokens: int, should_stop=None) -> tuple[list[int], bool]:
+        """Greedy tokens, as ``GreedyDecoder.generate``; with ``lookup`` > 0, each forward also checks up to
+        ``lookup`` draft tokens copied from the episode so far (prompt lookup): a draft token is kept only
+        when it is the greedy token, so the output is the greedy output, in fewer forwards."""
+        if not self.lookup:
+            out, closed = super().generate(max_new_tokens, should_stop)
+            self.history.extend(out)
+            return out, closed
+        out: list[int] = []
+        while len(out) < max_new_tokens:
+            fed = len(self.unfed)
+            draft = prompt_lookup(self.history, self.lookup, max_new_tokens - len(out) - 1)
+            start = self.seen
+            rows = self._feed(draft)
+            rows = rows[None] if rows.dim() == 1 else rows
+            for j, row in enumerate(rows):
+                if self.trace is not None:
+                    self.trace.append(row.float().clone())
+                token = int(row.argmax())
+                out.append(token)
+                self.history.append(token)
+                done = (token in self.stop_ids, should_stop is not None and should_stop(out),
+                        len(out) >= max_new_tokens)
+                if any(done) or j == len(draft) or token != draft[j]:
+                    self.seen, self.unfed = start + fed + j, [token]  # the cache holds the kept ids only
+                    if done[0]:
+                        return out, True
+                    if any(done):
+                        return out, False
+                    break
+        return out, False
+
+
+class FusedEngine(Engine):
+    """``model.rollout.engine: fused``: ``FusedDecoder`` on weights folded again after every update."""
+
+    name = "fused"
+
+    def __init__(self, model, settings: FusedSettings | None = None):
+        check_supported(model)
+        super().__init__(model, settings or FusedSettings())
+        self.watch = AdapterWatch(model)
+        self.weights: FusedWeights | None = None
+
+    def decoder(self, stop_ids: set[int]) -> FusedDecoder:
+        if self.watch.changed() or self.weights is None:
+            self.weights = None  # free the old copy before building the new one
+            t0 = time.perf_counter()
+            self.weights = FusedWeights(self.model)
+            self._add_perf("fold_s", time.perf_counter() - t0)
+            self._add_perf("folds", 1)
+        return FusedDecoder(self.weights, stop_ids, self.settings.prompt_lookup)
+
+    def close(self) -> None:
+        self.weights = None
