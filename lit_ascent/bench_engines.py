@@ -11,7 +11,7 @@ bandwidth / weight bytes; the *copy* bound uses the bandwidth of a large tensor 
 write, ``lit_ascent.bench``'s definition, where the 60% target is set), the *read* bound the rate at
 which a matrix-vector product streams a 256 MiB matrix (what decoding does; the tighter bound).
 Engines are compared on the SmolLM2 reference base (``adapters/textcraft-ref``) in float32, where
-their greedy tokens must be equal: the tables say whether they were.
+their greedy tokens must be equal (``--dtype bfloat16``: how often they are): the tables say.
 """
 from __future__ import annotations
 
@@ -139,11 +139,11 @@ def _children_cpu() -> float:
 def run(args) -> dict:
     t0 = time.perf_counter()
     torch.set_num_threads(1)
-    llm = ModelConfig(name_or_path=TINY, dtype="float32") if args.quick else \
-        ModelConfig(dtype="float32", warm_start_adapter=REFERENCE)
+    llm = ModelConfig(name_or_path=TINY, dtype=args.dtype) if args.quick else \
+        ModelConfig(dtype=args.dtype, warm_start_adapter=REFERENCE)
     policy = load_policy(llm)
     policy.model.eval()
-    r: dict = {"quick": args.quick, "machine": machine(), "engines": args.engines}
+    r: dict = {"quick": args.quick, "machine": machine(), "engines": args.engines, "dtype": args.dtype}
     weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in policy.model.parameters()}.values()
                        if not p.requires_grad)
     r["weight_bytes"] = weight_bytes
@@ -178,10 +178,10 @@ def run(args) -> dict:
 def markdown(r: dict) -> str:
     m, b = r["machine"], r["bound_tok_s"]
     model = "tiny random model (--quick)" if r["quick"] else f"SmolLM2-135M + {REFERENCE}"
-    lines = [f"# Bench: rollout engines, {model}, float32", "",
+    lines = [f"# Bench: rollout engines, {model}, {r.get('dtype', 'float32')}", "",
              f"{m['date']}; {m['cpu']}, {m['cores']} cores, torch {m['torch']}, 1 intra-op thread, 1-min load "
              f"average {m['load_avg_1min']:.1f} at the start; `python -m lit_ascent.bench_engines"
-             f"{' --quick' if r['quick'] else ''}` in {r['total_s'] / 60:.1f} min.", "",
+             f"{' --quick' if r['quick'] else ''}{' --dtype ' + r['dtype'] if r.get('dtype', 'float32') != 'float32' else ''}` in {r['total_s'] / 60:.1f} min.", "",
              f"Weights {r['weight_bytes'] / 2**20:.0f} MiB; copy bandwidth {r['copy_gb_s']:.1f} GB/s, read "
              f"bandwidth {r['read_gb_s']:.1f} GB/s: bounds {b['copy']:.1f} (copy) and {b['read']:.1f} (read) tok/s.", "",
              "| engine | decode tok/s | of the copy bound | of the read bound |", "|---|---|---|---|"]
@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="docs/results/bench_engines", help="output path without extension")
     ap.add_argument("--engines", nargs="+", default=["hf", "fused", "fused+lookup"], choices=list(VARIANTS))
     ap.add_argument("--episodes", type=int, default=4, help="real episodes per engine")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="model dtype (float32: engines must give equal tokens; bfloat16: how often they do)")
     ap.add_argument("--stream-tasks", type=int, default=10, help="tasks of the train.py stream per engine (0: skip)")
     args = ap.parse_args(argv)
     if "hf" not in args.engines[:1]:

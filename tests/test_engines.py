@@ -206,3 +206,25 @@ def test_an_engine_that_cannot_run_the_model_fails_the_run_at_start_up(monkeypat
     module = OaTTTModule(llm=TINY, rollout=RolloutConfig(engine="fused"))
     with pytest.raises(ValueError, match="fused cannot run this model: model type 'llama'"):
         module.configure_model()
+
+
+def test_fused_folds_a_float32_adapter_into_bfloat16_weights():
+    """PEFT keeps LoRA weights in float32 over a bf16 base; the folded weights stay bf16 and the
+    logits stay close to the reference's (bf16 rounds differently: closeness, not equality)."""
+    from dataclasses import replace
+
+    from lit_ascent.models import load_policy
+    from tests.conftest import TINY
+
+    policy = load_policy(replace(TINY, dtype="bfloat16"))
+    policy.model.eval()
+    _perturb(policy.model, 9, scale=0.05)
+    weights = FusedWeights(policy.model)
+    assert weights.layers[0].qkv[0].dtype == torch.bfloat16
+    ids = list(range(40, 120))
+    ref, got = IncrementalDecoder(policy.model, set()), FusedDecoder(weights, set())
+    for dec in (ref, got):
+        dec.trace = []
+        dec.extend(ids)
+        dec.generate(6)
+    torch.testing.assert_close(torch.stack(got.trace), torch.stack(ref.trace), atol=0.1, rtol=0.05)

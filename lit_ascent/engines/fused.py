@@ -49,8 +49,9 @@ def effective_weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
         for name in linear.active_adapters:
             if name in linear.lora_A:
                 b = linear.lora_B[name].weight.detach()
-                if b.any():
-                    w = w + linear.scaling[name] * (b @ linear.lora_A[name].weight.detach())
+                if b.any():  # PEFT may keep the adapter in float32 over a bf16 base: fold in float32
+                    delta = b.float() @ linear.lora_A[name].weight.detach().float()
+                    w = (w.float() + linear.scaling[name] * delta).to(base.weight.dtype)
     return w, (base.bias.detach() if base.bias is not None else None)
 
 
