@@ -41,14 +41,25 @@ TARGETS = {"reuse_speedup_20": 2.0, "decode_of_bound": 0.6, "update_of_matmul": 
 
 
 class Clock:
-    """CPU and wall seconds of a block (``with Clock() as c: ...; c.cpu``)."""
+    """CPU and wall seconds of a block (``with Clock() as c: ...; c.cpu``). Once CUDA is in use the
+    block is bracketed by synchronisations, and ``spent`` is its wall time (the GPU's work), else CPU time."""
 
     def __enter__(self):
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._cuda:
+            torch.cuda.synchronize()
         self._c, self._w = time.process_time(), time.perf_counter()
         return self
 
     def __exit__(self, *exc):
+        if self._cuda:
+            torch.cuda.synchronize()
         self.cpu, self.wall = time.process_time() - self._c, time.perf_counter() - self._w
+
+    @property
+    def spent(self) -> float:
+        """Seconds the work took: wall time on a GPU, process CPU time on the CPU."""
+        return self.wall if self._cuda else self.cpu
 
 
 def machine() -> dict:
@@ -66,27 +77,28 @@ def _run(cmd: list[str]) -> str:
         return ""
 
 
-def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
-    """Bytes/s of a large tensor copy (read + write), best of ``reps``."""
-    src = torch.ones(mib * 2**20 // 4)
+def copy_bandwidth(mib: int = 256, reps: int = 5, device: str = "cpu") -> float:
+    """Bytes/s of a large tensor copy (read + write) on ``device``, best of ``reps``."""
+    src = torch.ones(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
+    dst.copy_(src)
     best = float("inf")
     for _ in range(reps):
         with Clock() as c:
             dst.copy_(src)
-        best = min(best, c.cpu)
+        best = min(best, c.spent)
     return 2 * src.numel() * 4 / best
 
 
-def matmul_flops(dtype: torch.dtype, n: int = 1024, reps: int = 5) -> float:
-    """FLOP/s of an (n, n) @ (n, n) torch.matmul, best of ``reps``."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+def matmul_flops(dtype: torch.dtype, n: int = 1024, reps: int = 5, device: str = "cpu") -> float:
+    """FLOP/s of an (n, n) @ (n, n) torch.matmul on ``device``, best of ``reps``."""
+    a, b = torch.randn(n, n).to(device, dtype), torch.randn(n, n).to(device, dtype)
     torch.matmul(a, b)
     best = float("inf")
     for _ in range(reps):
         with Clock() as c:
             torch.matmul(a, b)
-        best = min(best, c.cpu)
+        best = min(best, c.spent)
     return 2 * n**3 / best
 
 
@@ -152,7 +164,7 @@ def decoder_tok_s(model, ids: list[int], tokens: int, ctx) -> float:
         dec.generate(1)
         with Clock() as c:
             dec.generate(tokens)
-    return tokens / c.cpu
+    return tokens / c.spent
 
 
 def decode_rate(policy: Policy, prompt_len: int, tokens: int, bandwidth: float) -> dict:
@@ -200,8 +212,8 @@ def update_flops(policy: Policy, episode: Episode, matmul: float) -> dict:
     t_ids, _ = teacher_sequence(policy.tokenizer, episode, obj.privileged_text(episode))
     t_teacher = t_student + len(t_ids) - len(episode.token_ids)
     flops = 6 * params * t_student + 2 * params * t_teacher
-    return {"tokens_student": t_student, "tokens_teacher": t_teacher, "params": params, "update_s": c.cpu,
-            "flop_s": flops / c.cpu, "matmul_flop_s": matmul, "of_matmul": flops / c.cpu / matmul}
+    return {"tokens_student": t_student, "tokens_teacher": t_teacher, "params": params, "update_s": c.spent,
+            "flop_s": flops / c.spent, "matmul_flop_s": matmul, "of_matmul": flops / c.spent / matmul}
 
 
 # --- batched evaluation -------------------------------------------------------------------
@@ -212,11 +224,11 @@ def batched_eval(policy: Policy, env: TextEnv, tasks: list[Task], cfg: RolloutCo
         with Clock() as c:
             eps = evaluate(policy, env, tasks, cfg, batch_size=b)
         gen = sum(e.timings["generated_tokens"] for e in eps)
-        seq = seq or (eps, gen / c.cpu)  # bf16 batches may change episodes: compare tokens/s, not times
+        seq = seq or (eps, gen / c.spent)  # bf16 batches may change episodes: compare tokens/s, not times
         same = sum(e.token_ids == s.token_ids for e, s in zip(eps, seq[0]))
-        rows.append({"batch": b, "episodes": len(eps), "s": c.cpu, "wall_s": c.wall,
-                     "generated_tokens": int(gen), "tokens_per_s": gen / c.cpu,
-                     "speedup": gen / c.cpu / seq[1], "identical_to_sequential": same})
+        rows.append({"batch": b, "episodes": len(eps), "s": c.spent, "wall_s": c.wall,
+                     "generated_tokens": int(gen), "tokens_per_s": gen / c.spent,
+                     "speedup": gen / c.spent / seq[1], "identical_to_sequential": same})
         print(f"  eval batch {b}: speedup {rows[-1]['speedup']:.2f}, identical {same}/{len(eps)}", flush=True)
     return rows
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from lit_ascent.bench import Clock, copy_bandwidth, machine, save
 from lit_ascent.engines import close_engines, engine_for
@@ -77,9 +78,24 @@ def decode_rates(policy, variants: list[str], prompt_len: int, tokens: int) -> d
         dec.generate(1)
         with Clock() as c:
             dec.generate(tokens)
-        rates[v] = tokens / c.cpu
+        rates[v] = tokens / c.spent
         close_engines(policy.model)
     return rates
+
+
+def matvec_rate(weights: FusedWeights, tokens: int) -> float:
+    """Tokens/s if a token cost only the fused weights' matrix-vector products (q/k/v, o, gate/up, down per
+    layer, and the head) with one input row: the floor under any engine built on PyTorch's products."""
+    x = torch.zeros(1, weights.embed.shape[1], dtype=weights.dtype, device=weights.device)
+    mats = [m for lw in weights.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [weights.head]
+    inputs = {w.shape[1]: torch.zeros(1, w.shape[1], dtype=x.dtype, device=x.device) for w, _ in mats}
+    for w, b in mats:
+        F.linear(inputs[w.shape[1]], w, b)
+    with Clock() as c:
+        for _ in range(tokens):
+            for w, b in mats:
+                F.linear(inputs[w.shape[1]], w, b)
+    return tokens / c.spent
 
 
 def episodes(policy, env, tasks, variants: list[str], max_turns: int) -> dict[str, dict]:
@@ -154,8 +170,10 @@ def run(args) -> dict:
     print("decode", flush=True)
     r["decode_tok_s"] = decode_rates(policy, decode_variants, 256, 16 if args.quick else 48)
     with Clock() as c:
-        FusedWeights(policy.model)
+        folded = FusedWeights(policy.model)
     r["fold_s"] = c.cpu
+    r["matvec_tok_s"] = matvec_rate(folded, 16 if args.quick else 48)
+    del folded
     perturb(policy.model, scale=0.0)  # the reference base as a stream starts: zero fast weights
     if args.quick:
         from lit_ascent.envs import ScriptedEnv
@@ -187,6 +205,9 @@ def markdown(r: dict) -> str:
              "| engine | decode tok/s | of the copy bound | of the read bound |", "|---|---|---|---|"]
     for v, tok_s in r["decode_tok_s"].items():
         lines.append(f"| {v} | {tok_s:.1f} | {tok_s / b['copy']:.0%} | {tok_s / b['read']:.0%} |")
+    if "matvec_tok_s" in r:  # runs before this row was measured lack it
+        m = r["matvec_tok_s"]
+        lines.append(f"| (the weights' matrix-vector products alone) | {m:.1f} | {m / b['copy']:.0%} | {m / b['read']:.0%} |")
     lines += ["", f"Decode: 48 greedy tokens after a 256-token random prompt, non-zero fast weights (the LoRA "
               f"runs or is folded in). Folding the adapter into the fused engine's weights (after each update): "
               f"{r['fold_s']:.2f} s.", "",

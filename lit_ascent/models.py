@@ -177,30 +177,37 @@ def _load_base(cfg: ModelConfig, dtype: torch.dtype):
 
 def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> Policy:
     """Base model (+ merged warm start) with a fresh LoRA adapter; only LoRA trains."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
 
     dtype = resolve_dtype(cfg.dtype, device)
     model, tok = _load_base(cfg, dtype)
     if cfg.warm_start_adapter:
         model = PeftModel.from_pretrained(model, str(Path(cfg.warm_start_adapter).expanduser()))
         model = model.merge_and_unload()
-    lora = LoraConfig(
-        r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-        target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
-    )
     if cfg.packed_gqa_decode and not use_packed_gqa(model):
         log.warning("model.llm.packed_gqa_decode: the model uses %r attention, not sdpa; left as it is",
                     model.config._attn_implementation)
     if cfg.gradient_checkpointing:  # non-reentrant: frozen inputs still give LoRA gradients
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    peft_model = get_peft_model(model, lora)
+    peft_model = attach_fast_weights(model, cfg.lora)
     if cfg.init_adapter:
         _load_fast_weights(peft_model, Path(cfg.init_adapter).expanduser())
-    for name, p in peft_model.named_parameters():
-        p.requires_grad_("lora_" in name)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return Policy(peft_model.to(device), tok)
+
+
+def attach_fast_weights(model: nn.Module, lora: LoraSettings) -> nn.Module:
+    """``model`` wrapped with a fresh LoRA adapter (B = 0); only the LoRA parameters train."""
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(model, LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=lora.target_modules, task_type="CAUSAL_LM",
+    ))
+    for name, p in peft_model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return peft_model
 
 
 def _load_fast_weights(peft_model, path: Path) -> None:

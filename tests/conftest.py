@@ -36,6 +36,7 @@ def hand_episode(tokenizer, texts: list[str], valid: list[bool] | None = None, t
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: needs the real model or a real environment (make test-slow)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one; scripts/gpu_check.sh)")
 
 
 @pytest.fixture(autouse=True)
