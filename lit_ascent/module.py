@@ -14,6 +14,7 @@ from lit_ascent.engines import close_engines
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation, LossOutput, Objective
 from lit_ascent.objectives.experience_replay import ReplayBuffer, ReplayConfig
+from lit_ascent.playback import Playback, PlaybackConfig
 from lit_ascent.rollout import RolloutConfig, rollout, rollout_engine
 from lit_ascent.trajectory import Episode, Task
 
@@ -49,7 +50,7 @@ class OaTTTModule(L.LightningModule):
 
     def __init__(self, llm: ModelConfig | None = None, objective: Objective = lazy_instance(Distillation),
                  rollout: RolloutConfig | None = None, optim: OptimConfig | None = None,
-                 replay: ReplayConfig | None = None):
+                 replay: ReplayConfig | None = None, playback: PlaybackConfig | None = None):
         """
         Args:
             llm: Base model and LoRA fast weights.
@@ -57,6 +58,7 @@ class OaTTTModule(L.LightningModule):
             rollout: Episode settings (turn and token budgets).
             optim: Optimiser settings.
             replay: Replay of earlier updating episodes at every optimiser step (k = 0: off, the paper's protocol).
+            playback: Take each task's episode from an earlier run's log instead of acting (off by default).
         """
         super().__init__()
         self.automatic_optimization = False
@@ -69,6 +71,7 @@ class OaTTTModule(L.LightningModule):
             raise ValueError(f"model.replay.k must be 0 with {type(objective).__name__}: "
                              "its episodes are not replayable (on-policy gradient)")
         self.replay = ReplayBuffer(self.replay_cfg)
+        self.playback = Playback(playback.log) if playback and playback.log else None
         self.policy: Policy | None = None
         self.success_rate, self.invalid_rate = MeanMetric(), MeanMetric()
         self.counters = {"updates": 0, "skipped_nonfinite": 0, "env_errors": 0}
@@ -82,6 +85,8 @@ class OaTTTModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         seed = getattr(self.trainer.datamodule, "seed", 0) if self.trainer.datamodule is not None else 0
         self.replay = ReplayBuffer(self.replay_cfg, seed)  # replay draws follow the stream's seed
+        if self.playback is not None and self.trainer.datamodule is not None:
+            self.playback.check(self.trainer.datamodule.stream)
 
     def teardown(self, stage: str) -> None:
         if self.policy is not None:  # e.g. the vllm engine's server process
@@ -112,9 +117,12 @@ class OaTTTModule(L.LightningModule):
         self.log_episode(episode, stats)
 
     def act(self, task: Task) -> Episode:
-        """One greedy episode with the weights as they are now."""
+        """One greedy episode with the weights as they are now (with playback: the recorded one)."""
         self.policy.model.eval()
-        episode = rollout(self.policy.model, self.policy.tokenizer, self.env, task, self.rollout_cfg)
+        if self.playback is not None:
+            episode = self.playback.episode(self.policy.tokenizer, self.env, task)
+        else:
+            episode = rollout(self.policy.model, self.policy.tokenizer, self.env, task, self.rollout_cfg)
         episode.error = episode.error or getattr(self.env, "episode_error", None)  # e.g. a hung verifier
         self.counters["env_errors"] += episode.error is not None
         return episode
