@@ -86,9 +86,8 @@ def decode_rates(policy, variants: list[str], prompt_len: int, tokens: int) -> d
 def matvec_rate(weights: FusedWeights, tokens: int) -> float:
     """Tokens/s if a token cost only the fused weights' matrix-vector products (q/k/v, o, gate/up, down per
     layer, and the head) with one input row: the floor under any engine built on PyTorch's products."""
-    x = torch.zeros(1, weights.embed.shape[1], dtype=weights.dtype, device=weights.device)
     mats = [m for lw in weights.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [weights.head]
-    inputs = {w.shape[1]: torch.zeros(1, w.shape[1], dtype=x.dtype, device=x.device) for w, _ in mats}
+    inputs = {w.shape[1]: torch.zeros(1, w.shape[1], dtype=weights.dtype, device=weights.device) for w, _ in mats}
     for w, b in mats:
         F.linear(inputs[w.shape[1]], w, b)
     with Clock() as c:
