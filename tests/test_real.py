@@ -107,7 +107,7 @@ def test_smollm2_replay_and_learning_diagnostics_on_a_verified_textcraft_episode
     probes = CollapseDiagnostics(probe_episodes=1)
     probes.maybe_add_probe(policy.tokenizer, episode)
     prepared = buffer.entries[0].prepared
-    before = obj.loss(policy, episode, prepared).loss
+    before = obj.loss(policy, episode, prepared).loss.detach()
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3)
     for ep, prep in [(episode, prepared), (restored.entries[0].episode, restored.entries[0].prepared)]:
         (obj.loss(policy, ep, prep).loss / 2).backward()
