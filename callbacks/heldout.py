@@ -8,11 +8,11 @@ same episodes as one-at-a-time decoding (``lit_ascent/evaluate.py``), and cast
 back exactly afterwards. Before the first task the initial model (the adapter
 disabled, ``Policy.teacher``) plays the same tasks once, so every run carries
 its own paired base: the exact McNemar p and Newcombe's 95% interval for the
-difference in success (``lit_ascent/paired.py``).
+difference in success (``lit_ascent/results/paired.py``).
 
 Per evaluation point, one JSONL line per task goes to ``heldout.jsonl`` in the
 run folder (``model``: ``adapted`` | ``initial``, ``tasks_seen``, ``task_id``,
-``verified``, ``turns``, ``invalid``), which ``python -m lit_ascent.report``
+``verified``, ``turns``, ``invalid``), which ``python -m lit_ascent.results.report``
 turns into its held-out table; the loggers get ``heldout/*`` metrics.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from callbacks.transfer import PeriodicEval, fixed_tasks, record_metrics
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import GuardedEnv
 from lit_ascent.evaluate import evaluate, record_rates
-from lit_ascent.paired import paired_counts, paired_stats
+from lit_ascent.results.paired import paired_counts, paired_stats
 from lit_ascent.trajectory import Episode, Task
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ def load_demonstrations(path: str | Path, env_name: str, limit: int) -> list[tup
     """(task, PI text) of the first ``limit`` successful demonstrations in a JSONL file.
 
     A line is {"task_id" or "game": ..., "actions": [...], "seed": 0, "won": true} (the
-    format of ``lit_ascent.demos``; "seed" and "won" optional, lines with won=false skipped).
+    format of ``lit_ascent.warmstart.planner_cache``; "seed" and "won" optional, lines with won=false skipped).
     """
     probe = []
     with open(path) as f:

@@ -47,7 +47,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.experience_log import run_dir
-from lit_ascent.run_archive import STATE_FILE
+from lit_ascent.results.run_archive import STATE_FILE
 
 FORMAT = 1
 

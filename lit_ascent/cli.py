@@ -81,7 +81,7 @@ def given_outside_config_files(args: Any, key: str) -> bool:
 def follow_default_root_dir(trainer_cfg: Any, save_dir_given: bool) -> None:
     """``trainer.default_root_dir``, when set, decides where a run writes: the logger's ``save_dir``
     (TensorBoardLogger, CSVLogger) becomes it, so fresh runs and ``--ckpt_path last`` both use it.
-    A ``save_dir`` given on the command line wins (``lit_ascent.compare`` pins its run folders so);
+    A ``save_dir`` given on the command line wins (``lit_ascent.results.compare`` pins its run folders so);
     one from a config file does not (the configs all say ``runs``)."""
     root, logger = trainer_cfg.get("default_root_dir"), trainer_cfg.get("logger")
     init_args = logger.get("init_args") if hasattr(logger, "get") else None

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one run: tests/test_cuda.py (the loop, the engines, bf16 and
-# resume on the GPU) and `python -m lit_ascent.bench_cuda`. For a machine with no package registry
+# resume on the GPU) and `python -m lit_ascent.bench.cuda`. For a machine with no package registry
 # (a lent GPU machine): the project's pinned pure-Python packages travel as wheels in .whl/
 # (pip download --no-deps transformers==... peft==... jsonargparse==... into .whl) and are put first
 # on the path; elsewhere the current environment is used as it is.
@@ -20,7 +20,7 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transf
       peft.__version__, 'lightning', lightning.__version__, 'jsonargparse', j.__version__)"; } 2>&1 | tee "$out/gpu.txt"
 python3 -m pytest tests/test_cuda.py -m gpu -ra --junitxml="$out/test_cuda.xml" 2>&1 | tee "$out/test_cuda.log"
 tests=${PIPESTATUS[0]}
-python3 -m lit_ascent.bench_cuda --out "$out/bench_cuda" 2>&1 | tee "$out/bench_cuda.log" | tail -n 30
+python3 -m lit_ascent.bench.cuda --out "$out/bench_cuda" 2>&1 | tee "$out/bench_cuda.log" | tail -n 30
 bench=${PIPESTATUS[0]}
 echo "tests rc=$tests bench rc=$bench"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

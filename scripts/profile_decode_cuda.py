@@ -2,7 +2,7 @@
 
     python scripts/profile_decode_cuda.py
 
-SmolLM2's architecture with random weights (``lit_ascent.bench_cuda``): decode tokens/s with a non-zero
+SmolLM2's architecture with random weights (``lit_ascent.bench.cuda``): decode tokens/s with a non-zero
 and a zero LoRA, then ``torch.profiler`` over 16 decoded tokens, ops sorted by CPU time.
 """
 import sys
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lit_ascent.bench_cuda import smollm2_shaped  # noqa: E402
-from lit_ascent.bench_engines import perturb  # noqa: E402
+from lit_ascent.bench.cuda import smollm2_shaped  # noqa: E402
+from lit_ascent.bench.engines import perturb  # noqa: E402
 from lit_ascent.engines import engine_for  # noqa: E402
 
 

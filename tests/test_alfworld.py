@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_ascent.demos import load_done, write_demos
-from lit_ascent.demos import main as demos_main
+from lit_ascent.warmstart.planner_cache import load_done, write_demos
+from lit_ascent.warmstart.planner_cache import main as demos_main
 from lit_ascent.envs import alfworld as alf
 from datamodules import stream_order
 from lit_ascent.envs.alfworld import ALFWorldEnv, preserved_argv, resolve_data_root
@@ -234,7 +234,7 @@ def test_planner_solves_one_game_per_family(train_env, family):
 
 
 def _demos(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lit_ascent.demos", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lit_ascent.warmstart.planner_cache", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
 
 

@@ -1,4 +1,4 @@
-"""``lit_ascent.bench_cuda``'s report: the committed GPU run renders to its committed table, and its
+"""``lit_ascent.bench.cuda``'s report: the committed GPU run renders to its committed table, and its
 model has SmolLM2's shapes (the bench itself runs where a GPU is: scripts/gpu_check.sh)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lit_ascent.bench_cuda import SMOLLM2, markdown
+from lit_ascent.bench.cuda import SMOLLM2, markdown
 
 RUN = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu" / "bench_cuda"
 

@@ -1,7 +1,7 @@
 """The memory bench's child process measures what the chunked divergence saves."""
 from __future__ import annotations
 
-from lit_ascent.bench_memory import measure_memory
+from lit_ascent.bench.memory import measure_memory
 
 
 def test_chunked_divergence_peaks_below_the_unchunked_one_at_smollm2_head_shape():

@@ -71,5 +71,5 @@ def test_save_dir_on_the_command_line_wins_over_default_root_dir(tmp_path):
     args = ["--config", "configs/debug.yaml", "--trainer.default_root_dir", str(tmp_path / "root")]
     assert main(args, run=False).trainer.logger.save_dir == str(tmp_path / "root")
     pinned = main([*args, "--trainer.logger.init_args.save_dir", str(tmp_path / "pinned")], run=False)
-    assert pinned.trainer.logger.save_dir == str(tmp_path / "pinned")  # as lit_ascent.compare pins its cells
+    assert pinned.trainer.logger.save_dir == str(tmp_path / "pinned")  # as lit_ascent.results.compare pins its cells
     assert main(["--config", "configs/debug.yaml"], run=False).trainer.logger.save_dir == "runs"

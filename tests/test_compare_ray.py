@@ -1,4 +1,4 @@
-"""The comparison matrix on Ray (lit_ascent.ray_executor): same cells as the serial executor, all at once.
+"""The comparison matrix on Ray (lit_ascent.results.ray_executor): same cells as the serial executor, all at once.
 
 The fast tests check the pieces (options, failure handling, progress, the child process wrapper); the
 slow ones run the debug config (tiny model, scripted environment) on a local Ray with 2 CPUs.
@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lit_ascent import compare, ray_executor
-from lit_ascent.run_archive import read_records
+from lit_ascent.results import compare, ray_executor
+from lit_ascent.results.run_archive import read_records
 
 DEBUG = compare.REPO / "configs/debug.yaml"
 LONG_STREAM = "data:\n  env:\n    init_args: {num_tasks: 12}\n"  # long enough to be killed in the middle
@@ -144,7 +144,7 @@ def test_progress_lines():
 PARENT = """
 import signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from lit_ascent.compare import child_command
+from lit_ascent.results.compare import child_command
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as a Ray worker does
 child = subprocess.Popen(child_command([sys.executable, "-c", "import time; time.sleep(60)"]))
 print(child.pid, flush=True)
@@ -179,7 +179,7 @@ CANCELLED = """
 import _thread, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from lit_ascent import compare, ray_executor
+from lit_ascent.results import compare, ray_executor
 spec = compare.plan(["base"], [0], Path(sys.argv[2]))[0]
 train = [sys.executable, "-c", "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(60)",
          str(spec.run_dir / "up")]
@@ -316,7 +316,7 @@ def test_killed_worker_is_retried_and_resumes_exactly(tmp_path, local_ray, long_
     out = capsys.readouterr().out
     assert "[rft seed 0] FAILED: the Ray worker died (WorkerCrashedError); retry 1/1 from its checkpoint" in out
     log = (killed_spec.run_dir / "train.log").read_text()
-    assert "# lit_ascent.compare: started" in log and "# lit_ascent.compare: continued" in log
+    assert "# lit_ascent.results.compare: started" in log and "# lit_ascent.results.compare: continued" in log
     assert json.loads((killed_spec.run_dir / compare.MARKER).read_text())["resumed"] is True
     got, want = outcomes(killed_spec.run_dir), outcomes(reference.run_dir)
     assert [r["task_index"] for r in got] == list(range(12)) and got == want
@@ -327,7 +327,7 @@ def test_killed_worker_is_retried_and_resumes_exactly(tmp_path, local_ray, long_
 def test_ctrl_c_stops_every_stream_and_the_rerun_continues(tmp_path, long_overlay, one_thread_env):
     pytest.importorskip("ray")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "lit_ascent.compare", "--env-config", str(DEBUG), "--extra-config",
+    cmd = [sys.executable, "-m", "lit_ascent.results.compare", "--env-config", str(DEBUG), "--extra-config",
            str(long_overlay), "--methods", "rft", "--seeds", "0", "1", "--out", str(out), "--executor", "ray"]
     run_dirs = [out / "rft" / "seed0", out / "rft" / "seed1"]  # two streams of the same speed
     driver = subprocess.Popen(cmd, cwd=compare.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

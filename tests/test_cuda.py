@@ -1,7 +1,7 @@
 """The loop on a CUDA GPU: the same code path as on the CPU, checked where a GPU is (skipped elsewhere).
 
 ``pytest -m gpu`` on a machine with CUDA (``scripts/gpu_check.sh`` is the lent-GPU script). The tiny
-random model and the scripted environment keep it to seconds; ``lit_ascent.bench_cuda`` measures speed.
+random model and the scripted environment keep it to seconds; ``lit_ascent.bench.cuda`` measures speed.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_ascent.bench_engines import perturb
+from lit_ascent.bench.engines import perturb
 from lit_ascent.engines import close_engines
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.models import load_policy, resolve_dtype

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_ascent.bench_engines import perturb
+from lit_ascent.bench.engines import perturb
 from lit_ascent.engines import ENGINES, close_engines, engine_for
 from lit_ascent.engines.fused import FusedDecoder, FusedWeights, check_supported
 from lit_ascent.engines.hf import IncrementalDecoder

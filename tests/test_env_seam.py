@@ -209,9 +209,9 @@ def test_more_tasks_asked_than_offered_warns_once():
 # --- the experience log keeps each turn's text ---------------------------------------------------
 
 def test_experience_log_keeps_each_turns_text_and_readers_still_work(tmp_path, policy):
-    from lit_ascent.report import run_metrics
-    from lit_ascent.run_archive import read_records
-    from lit_ascent.update_stats import update_stats
+    from lit_ascent.results.report import run_metrics
+    from lit_ascent.results.run_archive import read_records
+    from lit_ascent.results.update_stats import update_stats
 
     texts = ["Thought: look around\nI will act now", "Thought: go\nAction: go north"]
     episode = hand_episode(policy.tokenizer, texts, valid=[False, True])

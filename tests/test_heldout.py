@@ -17,7 +17,7 @@ from test_transfer import MemoryLogger
 from callbacks.heldout import HeldOutEval, cast_weights, check_disjoint, heldout_metrics
 from callbacks.stream_checkpoint import STATE_FILE, load_state
 from datamodules import TaskStreamDataModule
-from lit_ascent import paired, report, run_archive
+from lit_ascent.results import paired, report, run_archive
 from lit_ascent.cli import main
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.models import load_policy

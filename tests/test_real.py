@@ -85,7 +85,7 @@ def test_smollm2_replay_and_learning_diagnostics_on_a_verified_textcraft_episode
     import torch
 
     from callbacks.diagnostics import CollapseDiagnostics, action_positions
-    from lit_ascent.bench_replay import real_episode
+    from lit_ascent.bench.replay import real_episode
     from lit_ascent.models import ModelConfig, load_policy
     from lit_ascent.objectives import Distillation
     from lit_ascent.objectives.experience_replay import ReplayBuffer, ReplayConfig
@@ -141,7 +141,7 @@ def test_committed_textcraft_episode_reproduces_in_float32():
     from lit_ascent.cli import main
     from lit_ascent.models import load_policy
     from lit_ascent.rollout import rollout
-    from lit_ascent.run_archive import read_records
+    from lit_ascent.results.run_archive import read_records
 
     committed = read_records("docs/results/textcraft_efficacy/runs/base/seed1.jsonl.gz")[3]
     cli = main(["--config", "configs/textcraft/ascent.yaml", "--config", "configs/methods/base.yaml",

@@ -224,7 +224,7 @@ def test_resume_with_a_non_empty_buffer_is_exact(tmp_path):
 
 @pytest.mark.parametrize("top_k", [None, 5])
 def test_cache_formula_matches_the_cached_tensors(policy, top_k):
-    from lit_ascent.bench_replay import cache_formula
+    from lit_ascent.bench.replay import cache_formula
 
     ep = episode(policy.tokenizer, 0)
     prepared = Distillation(chunk_size=16, teacher_top_k=top_k).prepare(policy, ep)

@@ -15,7 +15,7 @@ import pytest
 
 from callbacks.stream_checkpoint import STATE_FILE
 from callbacks.stream_stats import StreamStats, failed_update_share, window_invalid_rate
-from lit_ascent import compare, paired, report, run_archive, update_stats
+from lit_ascent.results import compare, paired, report, run_archive, update_stats
 
 # method -> seed -> per task (task_id, verified, turns, invalid), in stream order
 STREAMS = {

@@ -1,11 +1,11 @@
-"""Task-by-task agreement of two logs of the same stream (python -m lit_ascent.reproduce)."""
+"""Task-by-task agreement of two logs of the same stream (python -m lit_ascent.results.reproduce)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from lit_ascent.reproduce import agreement, first_difference, main
+from lit_ascent.results.reproduce import agreement, first_difference, main
 
 
 def rec(k: int, verified: bool, actions: list[str], task_id: str | None = None) -> dict:

@@ -99,7 +99,7 @@ def test_growing_layer_matches_concatenation():
 
 def test_cached_rollout_equals_plain_generate_on_the_whole_history(policy):
     """The bench's baseline (plain ``model.generate`` re-prefilling every turn) yields the same episode."""
-    from lit_ascent.bench import FixedTurnsEnv, reprefill_rollout
+    from lit_ascent.bench.throughput import FixedTurnsEnv, reprefill_rollout
 
     env = FixedTurnsEnv(ScriptedEnv(num_tasks=1), reply="ok")
     cfg = RolloutConfig(max_turns=4, max_new_tokens=6, stop_after_action=False)

@@ -261,7 +261,7 @@ def test_alfworld_demos_refuse_evaluation_games(tmp_path):
                                 "won": True}) + "\n")
     with pytest.raises(ValueError, match="valid_train"):
         load_records(path)
-    with pytest.raises(FileNotFoundError, match="lit_ascent.demos"):
+    with pytest.raises(FileNotFoundError, match="lit_ascent.warmstart.planner_cache"):
         load_records(tmp_path / "missing.jsonl")
 
 
@@ -279,7 +279,7 @@ def test_alfworld_demos_from_cached_planner_jsonl(tokenizer, tmp_path):
     """Real ALFWorld games: planner JSONL from $ALFWORLD_DEMOS, else the planner on the first 3 games."""
     import os
 
-    from lit_ascent.demos import write_demos
+    from lit_ascent.warmstart.planner_cache import write_demos
 
     from lit_ascent.envs.alfworld import resolve_data_root
 

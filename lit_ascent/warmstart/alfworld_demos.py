@@ -1,4 +1,4 @@
-"""ALFWorld demonstrations from the cached planner JSONL (``python -m lit_ascent.demos``).
+"""ALFWorld demonstrations from the cached planner JSONL (``python -m lit_ascent.warmstart.planner_cache``).
 
 Only ``valid_train`` games are used. Thoughts are templated from the task line and
 the planner's actions. Recovery kinds (alternating): ``early_action``, an action
@@ -41,12 +41,12 @@ def require_alfworld() -> None:
 
 
 def load_records(path: str | Path) -> list[dict]:
-    """Won planner demonstrations of the training split from a ``lit_ascent.demos`` JSONL."""
+    """Won planner demonstrations of the training split from a ``lit_ascent.warmstart.planner_cache`` JSONL."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"--demos-jsonl {str(path)!r} does not exist; write it with "
-            f"`python -m lit_ascent.demos --split {DEMO_SPLIT} --out {path}`")
+            f"`python -m lit_ascent.warmstart.planner_cache --split {DEMO_SPLIT} --out {path}`")
     records = []
     for line in path.read_text().splitlines():
         if not line.strip():

@@ -63,7 +63,7 @@ class TrainArgs:
     depths: list[int] = field(default_factory=lambda: [2])
     """TextCraft goal depths (configs/textcraft/ascent.yaml uses [2])."""
     demos_jsonl: str | None = None
-    """ALFWorld: planner demos from `python -m lit_ascent.demos` (valid_train)."""
+    """ALFWorld: planner demos from `python -m lit_ascent.warmstart.planner_cache` (valid_train)."""
     model: str = EMBEDDED
     """Base model: any ModelConfig name_or_path (tiny-random for tests)."""
     dtype: str = "auto"

@@ -55,7 +55,7 @@ def alfworld_training(demos_jsonl: str | None, seed: int) -> DemoSource:
     require_alfworld()
     if not demos_jsonl:
         raise ValueError("--demos-jsonl is required with --env alfworld "
-                         "(write it with `python -m lit_ascent.demos --split valid_train --out FILE`)")
+                         "(write it with `python -m lit_ascent.warmstart.planner_cache --split valid_train --out FILE`)")
     from lit_ascent.envs.alfworld import ALFWorldEnv
 
     records = load_records(demos_jsonl)

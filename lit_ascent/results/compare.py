@@ -1,9 +1,9 @@
 """Run the comparison matrix (method x seed) as train.py subprocesses.
 
-    python -m lit_ascent.compare --env-config configs/textcraft/ascent.yaml \
+    python -m lit_ascent.results.compare --env-config configs/textcraft/ascent.yaml \
         --methods base ascent rft rft_kl reinforce reinforce_pp tt_opsd \
         --seeds 0 1 2 --num-tasks 20 --out runs/compare
-    python -m lit_ascent.report runs/compare --out docs/results/<name>
+    python -m lit_ascent.results.report runs/compare --out docs/results/<name>
 
 Every run is ``train.py fit --config ENV [--config EXTRA ...] --config METHOD``
 plus fixed logger folders, so run k of method m always lands in
@@ -23,7 +23,7 @@ unfinished one without a checkpoint is deleted and run again from the start.
 
 Two executors schedule the same cells (``run_cell``: skip, continue or restart,
 run train.py, write the marker): ``serial`` (default) runs them one after the
-other here; ``ray`` (``lit_ascent.ray_executor``) runs each cell as one Ray task,
+other here; ``ray`` (``lit_ascent.results.ray_executor``) runs each cell as one Ray task,
 every stream at once on a local Ray or a cluster (``--address``), retrying a
 failed stream from its checkpoint up to ``--max-retries`` times.
 """
@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lit_ascent.run_archive import LOG_NAME, MARKER, STATE_FILE, archived_path, read_records
+from lit_ascent.results.run_archive import LOG_NAME, MARKER, STATE_FILE, archived_path, read_records
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "train.py"
 METHOD_DIRS = ("configs/methods", "configs/ablations")
 CONFIG_ERROR = 2
@@ -177,12 +177,12 @@ def run_cell(spec: RunSpec, cmd: list[str], num_tasks: int | None, env: dict[str
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(spec.run_dir / "train.log", "a" if resumed else "w") as log:
-        log.write(f"# lit_ascent.compare: {'continued' if resumed else 'started'} on {socket.gethostname()} "
+        log.write(f"# lit_ascent.results.compare: {'continued' if resumed else 'started'} on {socket.gethostname()} "
                   f"at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         log.flush()
         child_env = {**os.environ, **env} if env else None
         rc = subprocess.run(child_command(cmd), stdout=log, stderr=subprocess.STDOUT, env=child_env).returncode
-        log.write(f"# lit_ascent.compare: train.py exited with {rc} after {time.time() - t0:.0f}s\n")
+        log.write(f"# lit_ascent.results.compare: train.py exited with {rc} after {time.time() - t0:.0f}s\n")
     records = count_records(spec.run_dir)
     if rc == 0 and num_tasks is not None and records < num_tasks:  # train.py returns 0 only at the stream's end
         print(f"note: {spec.run_dir} holds {records} < {num_tasks} records (the stream has fewer tasks)", flush=True)
@@ -259,7 +259,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if given:
             p.error(f"{', '.join(given)}: only with --executor ray")
         return args
-    from lit_ascent import ray_executor  # imports ray only when it runs
+    from lit_ascent.results import ray_executor  # imports ray only when it runs
 
     problem = ray_executor.settings_error(args.address, args.cpus_per_stream, args.gpus_per_stream, args.max_retries)
     if problem:
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return 2
     if args.executor == "ray" and not args.dry_run:
-        from lit_ascent import ray_executor
+        from lit_ascent.results import ray_executor
 
         settings = ray_executor.RaySettings.from_args(args)
         try:
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_matrix(specs, args.env_config, args.extra_config, args.num_tasks, args.fixed_stream,
                             args.dry_run, args.archive)
     print(f"done {len(result['done'])}, skipped {len(result['skipped'])}, failed {len(result['failed'])}; "
-          f"report: python -m lit_ascent.report {args.out} --out docs/results/<name>")
+          f"report: python -m lit_ascent.results.report {args.out} --out docs/results/<name>")
     if result.get("stopped"):
         print(f"stopped {len(result['stopped'])} streams; rerun the same command to continue them", file=sys.stderr)
         return 130

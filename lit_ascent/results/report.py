@@ -1,9 +1,9 @@
 """Turn comparison run folders into a markdown table and plots.
 
-    python -m lit_ascent.report runs/compare --out docs/results/textcraft_smollm2
+    python -m lit_ascent.results.report runs/compare --out docs/results/textcraft_smollm2
 
 Reads ``<root>/<method>/<seed>/experience.jsonl`` (one ExperienceLog record per
-task; the layout ``python -m lit_ascent.compare`` writes) and produces
+task; the layout ``python -m lit_ascent.results.compare`` writes) and produces
 ``results.md`` (mean +- std over seeds, then each method paired with the base
 task by task: both solved, only one, the exact McNemar p; then what the updates
 did: count, loss, drift, first-token entropy; and, for runs with a held-out
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from callbacks.report import summarize
 from lit_ascent.evaluate import record_rates
-from lit_ascent.paired import (COUNTS, Records, Runs, format_difference, paired_counts, paired_markdown,
+from lit_ascent.results.paired import (COUNTS, Records, Runs, format_difference, paired_counts, paired_markdown,
                                 paired_rows, paired_stats, task_matrix)
-from lit_ascent.run_archive import (HELDOUT_NAME, HELDOUT_SUFFIX, archive_finished, load_archive, merge_previous,
+from lit_ascent.results.run_archive import (HELDOUT_NAME, HELDOUT_SUFFIX, archive_finished, load_archive, merge_previous,
                                     merge_runs, read_records)
-from lit_ascent.update_stats import DRIFT, ENTROPY, update_markdown, update_rows
+from lit_ascent.results.update_stats import DRIFT, ENTROPY, update_markdown, update_rows
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "success": ("success (%)", 100.0),

@@ -1,9 +1,9 @@
 """Wall clock of the comparison matrix on Ray next to the serial executor: two short streams.
 
-    python -m lit_ascent.bench_ray [--out docs/results/bench_ray]    # SmolLM2 on TextCraft, reference base
-    python -m lit_ascent.bench_ray --quick --out /tmp/bench_ray      # debug config: checks the bench end to end
+    python -m lit_ascent.bench.ray_streams [--out docs/results/bench_ray]    # SmolLM2 on TextCraft, reference base
+    python -m lit_ascent.bench.ray_streams --quick --out /tmp/bench_ray      # debug config: checks the bench end to end
 
-Both executors run the same two streams as ``python -m lit_ascent.compare`` subprocesses, so the times
+Both executors run the same two streams as ``python -m lit_ascent.results.compare`` subprocesses, so the times
 are what a user waits for: Ray's start, imports, model loads and the streams. The streams are one
 method with two seeds on one fixed stream (``--fixed-stream``: the seeds change only the LoRA
 initialisation), so they carry about the same work and the ideal ratio is 1 / number of cores.
@@ -23,8 +23,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lit_ascent.compare import REPO, plan
-from lit_ascent.run_archive import LOG_NAME, read_records
+from lit_ascent.results.compare import REPO, plan
+from lit_ascent.results.run_archive import LOG_NAME, read_records
 
 TARGET = 0.6
 
@@ -46,7 +46,7 @@ QUICK = Setup("configs/debug.yaml", "rft", num_tasks=4, max_turns=None)
 
 
 def compare_command(setup: Setup, out: Path, overlay: Path | None, executor: str) -> list[str]:
-    cmd = [sys.executable, "-m", "lit_ascent.compare", "--env-config", setup.env_config, "--methods", setup.method,
+    cmd = [sys.executable, "-m", "lit_ascent.results.compare", "--env-config", setup.env_config, "--methods", setup.method,
            "--seeds", *map(str, setup.seeds), "--fixed-stream", "--num-tasks", str(setup.num_tasks), "--out", str(out)]
     if overlay is not None:
         cmd += ["--extra-config", str(overlay)]
@@ -112,7 +112,7 @@ def markdown(r: dict, quick: bool) -> str:
         "# Bench: the comparison matrix on Ray vs serial", "",
         f"{m['date']}; {m['cpu']}, {m['cores']} cores, torch {m['torch']}, ray {m['ray']}; 1-min load average "
         f"{m['load_avg_1min_start']:.1f} at the start, {m['load_avg_1min_end']:.1f} at the end; "
-        f"`python -m lit_ascent.bench_ray{flags}`.", "",
+        f"`python -m lit_ascent.bench.ray_streams{flags}`.", "",
         f"Two streams: `{s['env_config']}`, method `{s['method']}`, seeds {', '.join(map(str, s['seeds']))} on one "
         f"fixed stream, {s['num_tasks']} tasks{turns}.", "",
         "| executor | wall-clock s |", "|---|---|",

@@ -16,7 +16,7 @@ import gzip
 import json
 from pathlib import Path
 
-from lit_ascent.paired import Records, Runs
+from lit_ascent.results.paired import Records, Runs
 
 MARKER = "done.json"
 """Written by compare into a run folder when the run finished its stream."""

@@ -8,7 +8,7 @@ quantities measured minutes apart in the same process stay comparable. Times
 are process CPU seconds (``time.process_time``) with one intra-op thread by
 default: on a shared CPU that counts the work this process did, not the time it
 waited for a core; wall seconds are kept in the JSON too. Peak memory is
-measured in child processes (``lit_ascent.bench_memory``). Writes ``<out>.json`` and
+measured in child processes (``lit_ascent.bench.memory``). Writes ``<out>.json`` and
 ``<out>.md``.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from lit_ascent.attention import use_packed_gqa
-from lit_ascent.bench_memory import CASES, measure_memory, synthetic_episode
+from lit_ascent.bench.memory import CASES, measure_memory, synthetic_episode
 from lit_ascent.envs.base import StepResult, TextEnv
 from lit_ascent.evaluate import evaluate
 from lit_ascent.models import ModelConfig, Policy, load_policy
@@ -298,7 +298,7 @@ def markdown(r: dict) -> str:
               "tokens per CPU second; in bfloat16 a batch may pick other tokens than the same episode alone "
               "(the identical counts above; float32 batches are identical, tests/test_batched_eval.py). "
               "Peak memory: child processes, kernel peak-RSS mark reset before the step "
-              "(`lit_ascent.bench_memory`); teacher rows with gradient checkpointing, net of the bare runtime. "
+              "(`lit_ascent.bench.memory`); teacher rows with gradient checkpointing, net of the bare runtime. "
               "Raw numbers: the JSON next to this file.", ""]
     return "\n".join(lines)
 

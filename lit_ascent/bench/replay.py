@@ -1,13 +1,13 @@
 """What a replayed episode costs next to a fresh one, and what its cached targets weigh.
 
-    python -m lit_ascent.bench_replay [--dtype auto] [--reps 3] [--out docs/results/bench_replay]
+    python -m lit_ascent.bench.replay [--dtype auto] [--reps 3] [--out docs/results/bench_replay]
 
 A fresh update of an episode pays the objective's ``prepare`` (the teacher's forward on
 the privileged view) and the student's forward and backward; a replayed one reuses the
 cached ``prepare`` output and pays only the student's side. Episodes: a real TextCraft
 episode (the solver's plan replayed through the environment, so the token layout and
 observations are real) and a synthetic 1,024-token one of the same shape
-(``bench_memory.synthetic_episode``). Times are process CPU seconds, the median of
+(``bench.memory.synthetic_episode``). Times are process CPU seconds, the median of
 ``--reps`` repetitions, measured in one run.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lit_ascent.bench_memory import synthetic_episode
+from lit_ascent.bench.memory import synthetic_episode
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation
 from lit_ascent.objectives.experience_replay import tensor_bytes
@@ -81,7 +81,7 @@ def cache_formula(targets: int, hidden: int, dtype_bytes: int, top_k: int | None
 
 def markdown(r: dict) -> str:
     lines = [f"# Replay cost: SmolLM2-135M ({r['dtype']})", "",
-             f"`python -m lit_ascent.bench_replay` on {r['date']}, {r['threads']} intra-op thread(s); "
+             f"`python -m lit_ascent.bench.replay` on {r['date']}, {r['threads']} intra-op thread(s); "
              "median CPU seconds of one update.", "",
              "| episode | tokens | targets | fresh update s | replayed update s | replayed / fresh | cached KiB |",
              "|---|---|---|---|---|---|---|"]

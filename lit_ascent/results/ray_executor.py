@@ -1,6 +1,6 @@
 """The comparison matrix on Ray: every (method, seed) stream at once, on this machine or a cluster.
 
-    python -m lit_ascent.compare --env-config configs/textcraft/ascent.yaml --methods base ascent rft \
+    python -m lit_ascent.results.compare --env-config configs/textcraft/ascent.yaml --methods base ascent rft \
         --seeds 0 1 2 --out runs/compare --executor ray [--address auto] [--cpus-per-stream 1] \
         [--gpus-per-stream 0.25] [--max-retries 2]
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_ascent import compare
-from lit_ascent.compare import REPO, RunSpec
+from lit_ascent.results import compare
+from lit_ascent.results.compare import REPO, RunSpec
 
 _HOST_PORT = re.compile(r"^(?:ray://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):(?P<port>\d{1,5})$")
 

@@ -1,6 +1,6 @@
 """Does a stream reproduce? Task-by-task agreement of two experience logs of the same stream.
 
-    python -m lit_ascent.reproduce docs/results/textcraft_efficacy/runs/base/seed1.jsonl.gz \
+    python -m lit_ascent.results.reproduce docs/results/textcraft_efficacy/runs/base/seed1.jsonl.gz \
         runs/repro/textcraft_float32/seed1/experience.jsonl --labels committed float32
 
 Two records agree on the outcome when both verified or both failed, and on the trajectory when
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lit_ascent.paired import Records
-from lit_ascent.run_archive import read_records
+from lit_ascent.results.paired import Records
+from lit_ascent.results.run_archive import read_records
 
 
 def first_difference(a: list, b: list) -> int | None:
@@ -58,7 +58,7 @@ def table(rows: list[dict], labels: tuple[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(prog="python -m lit_ascent.reproduce", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lit_ascent.results.reproduce", description=__doc__.split("\n")[0])
     p.add_argument("logs", nargs=2, type=Path, help="Two experience logs (.jsonl or archived .jsonl.gz).")
     p.add_argument("--labels", nargs=2, default=["a", "b"], help="Column names of the two logs.")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """Peak memory of one ASCENT update, one child process per case (used by ``lit_ascent.bench``).
 
-    python -m lit_ascent.bench_memory CASE [--dtype auto] [--length 1024]
+    python -m lit_ascent.bench.memory CASE [--dtype auto] [--length 1024]
 
 Cases: ``disabled`` / ``disabled_ckpt`` (the teacher is the adapter-disabled
 student, without / with gradient checkpointing), ``two_copy_ckpt`` (the
@@ -130,7 +130,7 @@ def memory_case(case: str, dtype: str, length: int) -> dict:
 def measure_memory(cases: list[str], dtype: str, length: int) -> dict[str, dict]:
     out = {}
     for case in cases:
-        cmd = [sys.executable, "-m", "lit_ascent.bench_memory", case, "--dtype", dtype,
+        cmd = [sys.executable, "-m", "lit_ascent.bench.memory", case, "--dtype", dtype,
                "--length", str(length)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]

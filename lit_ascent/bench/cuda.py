@@ -1,6 +1,6 @@
 """The rollout engines and the update on a CUDA GPU, against the GPU's own bounds.
 
-    python -m lit_ascent.bench_cuda --out docs/results/bench_cuda   # where a GPU is (scripts/gpu_check.sh)
+    python -m lit_ascent.bench.cuda --out docs/results/bench_cuda   # where a GPU is (scripts/gpu_check.sh)
 
 The model is SmolLM2-135M's architecture (30 layers, width 576, 9 query / 3 key-value heads, 49,152
 tokens) with seeded random weights and a rank-16 LoRA with non-zero B, as after an update: the same
@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from lit_ascent.bench import Clock, batched_eval, copy_bandwidth, matmul_flops, save, update_flops
-from lit_ascent.bench_engines import perturb
-from lit_ascent.bench_memory import synthetic_episode
+from lit_ascent.bench.throughput import Clock, batched_eval, copy_bandwidth, matmul_flops, save, update_flops
+from lit_ascent.bench.engines import perturb
+from lit_ascent.bench.memory import synthetic_episode
 from lit_ascent.engines import close_engines, engine_for
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.models import LoraSettings, Policy, attach_fast_weights
@@ -92,7 +92,7 @@ def run(device: str, tokens: int) -> dict:
 
 def markdown(r: dict) -> str:
     lines = [f"# Bench: engines and update on {r['device']}, SmolLM2-135M architecture (random weights)", "",
-             f"{r['date']}; torch {r['torch']}; `python -m lit_ascent.bench_cuda` in {r['total_s']:.0f} s. "
+             f"{r['date']}; torch {r['torch']}; `python -m lit_ascent.bench.cuda` in {r['total_s']:.0f} s. "
              f"Copy bandwidth {r['copy_gb_s']:.0f} GB/s.", "",
              "| dtype | engine | decode tok/s | of the bandwidth bound | greedy tokens equal to hf |",
              "|---|---|---|---|---|"]

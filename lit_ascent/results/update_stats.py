@@ -2,13 +2,13 @@
 
 The diagnostics that explain a success table (a method that barely moves the
 student cannot change its success), read from the experience records as pure
-functions; ``python -m lit_ascent.report`` appends the table to ``results.md``.
+functions; ``python -m lit_ascent.results.report`` appends the table to ``results.md``.
 """
 from __future__ import annotations
 
 import statistics
 
-from lit_ascent.paired import Records, Runs
+from lit_ascent.results.paired import Records, Runs
 
 LOSS_KEYS = ("loss/total", "loss/divergence", "loss/nll")  # the objective's loss: first key a record has
 ENTROPY, DRIFT = "diagnostics/first_token_entropy", "diagnostics/drift_kl"

@@ -1,6 +1,6 @@
 """Cache ALFWorld planner demonstrations as JSONL (training games only).
 
-    python -m lit_ascent.demos --split valid_train --out demos.jsonl [--limit N]
+    python -m lit_ascent.warmstart.planner_cache --split valid_train --out demos.jsonl [--limit N]
 
 One line per game: ``{"game", "family", "actions", "observations", "won", "cpu_s"}``.
 The file is written append-only and flushed per game, so an interrupted run resumes
@@ -78,7 +78,7 @@ def write_demos(out: str | Path, split: str = "valid_train", limit: int | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_ascent.demos", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_ascent.warmstart.planner_cache", description=__doc__.split("\n")[0])
     parser.add_argument("--split", default="valid_train", help="Game split (only valid_train is allowed).")
     parser.add_argument("--out", required=True, help="Output JSONL file (appended to, resumable).")
     parser.add_argument("--limit", type=int, default=None, help="Only the first N games of the split.")

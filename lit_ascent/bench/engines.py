@@ -1,7 +1,7 @@
 """Rollout engines side by side: decode speed against the machine's bounds, real episodes, a stream.
 
-    python -m lit_ascent.bench_engines [--out docs/results/bench_engines] [--engines hf fused] [--stream-tasks 10]
-    python -m lit_ascent.bench_engines --quick --out /tmp/bench_engines   # tiny model, scripted env
+    python -m lit_ascent.bench.engines [--out docs/results/bench_engines] [--engines hf fused] [--stream-tasks 10]
+    python -m lit_ascent.bench.engines --quick --out /tmp/bench_engines   # tiny model, scripted env
 
 Measured in one process (the stream rows: one ``train.py`` per engine, one after the other), as
 ratios of times taken minutes apart. Decode and episode times are process CPU seconds with one
@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lit_ascent.bench import Clock, copy_bandwidth, machine, save
+from lit_ascent.bench.throughput import Clock, copy_bandwidth, machine, save
 from lit_ascent.engines import close_engines, engine_for
 from lit_ascent.engines.fused import FusedSettings, FusedWeights
 from lit_ascent.models import TINY, ModelConfig, load_policy
 from lit_ascent.rollout import RolloutConfig, rollout
-from lit_ascent.run_archive import LOG_NAME, read_records
+from lit_ascent.results.run_archive import LOG_NAME, read_records
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE = "adapters/textcraft-ref"
 VARIANTS = {"hf": {}, "fused": {"fused": FusedSettings(prompt_lookup=0)},
             "fused+lookup": {"fused": FusedSettings(prompt_lookup=8)}, "vllm": {}}
@@ -197,7 +197,7 @@ def markdown(r: dict) -> str:
     model = "tiny random model (--quick)" if r["quick"] else f"SmolLM2-135M + {REFERENCE}"
     lines = [f"# Bench: rollout engines, {model}, {r.get('dtype', 'float32')}", "",
              f"{m['date']}; {m['cpu']}, {m['cores']} cores, torch {m['torch']}, 1 intra-op thread, 1-min load "
-             f"average {m['load_avg_1min']:.1f} at the start; `python -m lit_ascent.bench_engines"
+             f"average {m['load_avg_1min']:.1f} at the start; `python -m lit_ascent.bench.engines"
              f"{' --quick' if r['quick'] else ''}{' --dtype ' + r['dtype'] if r.get('dtype', 'float32') != 'float32' else ''}` in {r['total_s'] / 60:.1f} min.", "",
              f"Weights {r['weight_bytes'] / 2**20:.0f} MiB; copy bandwidth {r['copy_gb_s']:.1f} GB/s, read "
              f"bandwidth {r['read_gb_s']:.1f} GB/s: bounds {b['copy']:.1f} (copy) and {b['read']:.1f} (read) tok/s.", "",
