@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import lightning as L
 
-from callbacks.experience_log import run_dir
+from callbacks.base import run_dir
 
 
 class AdapterCheckpoint(L.Callback):

@@ -12,16 +12,16 @@
   action tokens are where a change of behaviour shows.
 
 Everything here is measured in ``on_episode``, for the policy that acted on the task
-(before its update), so it reaches the experience log's record.
+(before its update), and added to the task's diagnostics, so it reaches its record.
 """
 from __future__ import annotations
 
 import torch
 
-from callbacks.gate import EpisodeCallback
+from callbacks.base import EpisodeCallback
 from lit_ascent.envs.base import action_token_mask
 from lit_ascent.metrics import action_drift, first_token_stats, repeated_actions
-from lit_ascent.rollout import adapter_is_zero
+from lit_ascent.models import adapter_is_zero
 from lit_ascent.trajectory import Episode
 
 _NONE = torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, dtype=torch.long)  # no action positions
@@ -65,15 +65,15 @@ class CollapseDiagnostics(EpisodeCallback):
         """The update count at the last action-drift measurement."""
         self.drift: dict[str, float] = {}
 
-    def on_episode(self, trainer, pl_module, episode) -> None:
+    def on_episode(self, trainer, pl_module, outcome) -> None:
+        episode = outcome.episode
         stats = repeated_actions(episode.actions)
         if self.every_n_tasks and not episode.task.index % self.every_n_tasks:
             stats.update(self.first_token(pl_module.policy, episode))
         if self.probe_episodes:
             self.maybe_add_probe(pl_module.policy.tokenizer, episode)
             stats.update(self.action_drift(pl_module))
-        episode.diagnostics.update(stats)
-        pl_module.log_dict(stats, on_step=True, on_epoch=False, batch_size=1)
+        outcome.diagnostics.update(stats)
 
     @staticmethod
     def first_token(policy, episode) -> dict[str, float]:

@@ -1,5 +1,7 @@
 """One JSONL line per task, appended and flushed as the stream goes.
 
+The line is the task's record (``TaskOutcome.record``, built once by the module after every episode
+callback added its diagnostics); ``lit_ascent.records.read_records`` reads the log back.
 The log is append-only. Its state for a resumed stream is its byte offset at the
 checkpoint; on resume, everything after it (a partial last line from a crash,
 or lines of tasks the checkpoint does not cover) is cut, and those tasks are redone.
@@ -13,18 +15,9 @@ from pathlib import Path
 
 import lightning as L
 
+from callbacks.base import run_dir
+
 log = logging.getLogger(__name__)
-
-
-def run_dir(trainer) -> Path:
-    """The run's folder (the logger's version dir, else the trainer's root dir)."""
-    return Path(trainer.log_dir or trainer.default_root_dir)
-
-
-def read_experience(path: str | os.PathLike) -> list[dict]:
-    """The complete records of a log; a partial last line (a crash mid-write) is dropped."""
-    lines = Path(path).read_bytes().split(b"\n")
-    return [json.loads(line) for line in lines[:-1] if line.strip()]  # the last piece has no newline
 
 
 def truncate_log(path: Path, offset: int) -> int:
@@ -40,8 +33,9 @@ def truncate_log(path: Path, offset: int) -> int:
 
 
 class ExperienceLog(L.Callback):
-    """Appends {task, verified, turns, invalid, actions, texts, dtype, loss, update (absorbed fraction,
-    replay), timings} per task; ``texts`` holds each turn's generated text (why no action parsed shows there)."""
+    """Appends {task, verified, turns, invalid, actions, diagnostics, texts, dtype, loss, update (absorbed
+    fraction, replay), timings} per task; ``texts`` holds each turn's generated text (why no action parsed
+    shows there)."""
 
     def __init__(self, filename: str = "experience.jsonl"):
         """
@@ -56,17 +50,10 @@ class ExperienceLog(L.Callback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.last is None or trainer.global_rank != 0:
+        if trainer.global_rank != 0:
             return
-        episode, stats = pl_module.last
-        record = {**episode.summary(), "texts": [turn.text for turn in episode.turns],
-                  "dtype": str(pl_module.policy.model.dtype).removeprefix("torch."),  # outcomes reproduce per dtype
-                  "updates": stats.get("updates", 0),
-                  "loss": {k: v for k, v in stats.items() if k.startswith("loss/")},
-                  "update": {k: v for k, v in stats.items() if k.startswith(("update/", "replay/"))},
-                  "timings": {**episode.timings, "update_s": stats.get("perf/update_s", 0.0)}}
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(outputs["outcome"].record) + "\n")
             f.flush()
             os.fsync(f.fileno())
 

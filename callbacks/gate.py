@@ -1,14 +1,7 @@
 """Callbacks that decide, per episode, what the update may use."""
 from __future__ import annotations
 
-import lightning as L
-
-
-class EpisodeCallback(L.Callback):
-    """A callback that sees each episode after the rollout and before the update."""
-
-    def on_episode(self, trainer, pl_module, episode) -> None:
-        """Inspect or annotate ``episode`` (e.g. veto the update)."""
+from callbacks.base import EpisodeCallback
 
 
 class VerificationGate(EpisodeCallback):
@@ -17,7 +10,8 @@ class VerificationGate(EpisodeCallback):
     Without it, every episode updates: ungated imitation, REINFORCE.
     """
 
-    def on_episode(self, trainer, pl_module, episode) -> None:
+    def on_episode(self, trainer, pl_module, outcome) -> None:
+        episode = outcome.episode
         episode.trainable = episode.trainable and episode.verified
 
 
@@ -28,5 +22,5 @@ class InvalidTurnFilter(EpisodeCallback):
     of its own trajectory, invalid turns included.
     """
 
-    def on_episode(self, trainer, pl_module, episode) -> None:
-        episode.pi_valid_only = True
+    def on_episode(self, trainer, pl_module, outcome) -> None:
+        outcome.episode.pi_valid_only = True

@@ -26,11 +26,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from callbacks.experience_log import run_dir, truncate_log
-from callbacks.transfer import PeriodicEval, fixed_tasks, record_metrics
+from callbacks.base import PeriodicEval, record_metrics, run_dir
+from callbacks.experience_log import truncate_log
+from callbacks.transfer import fixed_tasks
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import GuardedEnv
-from lit_ascent.evaluate import evaluate, record_rates
+from lit_ascent.evaluate import evaluate
+from lit_ascent.records import record_rates
 from lit_ascent.results.paired import paired_counts, paired_stats
 from lit_ascent.trajectory import Episode, Task
 

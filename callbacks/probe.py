@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from callbacks.gate import EpisodeCallback
-from callbacks.transfer import PeriodicEval
+from callbacks.base import EpisodeCallback, PeriodicEval
 from lit_ascent.envs.base import TextEnv
-from lit_ascent.evaluate import evaluate, outcome_rates
+from lit_ascent.evaluate import evaluate
 from lit_ascent.privileged import PI_CONTENTS, render_actions, render_privileged
+from lit_ascent.records import outcome_rates
 from lit_ascent.trajectory import Task
 
 
@@ -76,7 +76,8 @@ class PIProbe(PeriodicEval, EpisodeCallback):
         if self.demonstrations and not self.probe:
             self.probe = load_demonstrations(self.demonstrations, self.env.name, self.num_tasks)
 
-    def on_episode(self, trainer, pl_module, episode) -> None:
+    def on_episode(self, trainer, pl_module, outcome) -> None:
+        episode = outcome.episode
         if self.demonstrations or not episode.verified or len(self.probe) >= self.num_tasks:
             return
         self.probe.append((episode.task, render_privileged(episode.turns, self.pi_content, valid_only=True)))

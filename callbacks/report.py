@@ -5,32 +5,23 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_ascent.records import summarize
 
-def summarize(records: list[dict]) -> dict[str, float]:
-    """Stream summary from per-task records (verified, turns, invalid, updates)."""
-    n = len(records)
-    half = records[n // 2:]
-    turns = sum(r["turns"] for r in records)
-    return {
-        "tasks": n,
-        "success_rate": sum(r["verified"] for r in records) / max(n, 1),
-        "second_half_success_rate": sum(r["verified"] for r in half) / max(len(half), 1),
-        "mean_turns": turns / max(n, 1),
-        "invalid_rate": sum(r["invalid"] for r in records) / max(turns, 1),
-        "updates": sum(r["updates"] for r in records),
-    }
+NOT_KEPT = ("texts", "timings")
+"""Record keys the report does not keep: its records go into every stream checkpoint, the turn texts
+are long, and the timings differ between a stream and its resumed copy."""
 
 
 def learning_line(records: list[dict]) -> str:
-    """What the updates changed, in one line: how many steps from how many episodes, the share of
-    each updating episode's loss its steps removed (absorbed fraction), and the latest action drift
-    on the probe set (measured before the last task's update)."""
+    """What the updates changed, in one line, from the tasks' records: how many steps from how many
+    episodes, the share of each updating episode's loss its steps removed (absorbed fraction), and the
+    latest action drift on the probe set (measured before the last task's update)."""
     updating = [r for r in records if r["updates"]]
     if not updating:
         return "learning: no update"
     line = (f"learning: {sum(r['updates'] for r in updating)} optimiser steps from {len(updating)} episodes "
             f"({sum(r['verified'] for r in updating)} verified)")
-    absorbed = [r["absorbed"] for r in updating if r.get("absorbed") is not None]
+    absorbed = [a for r in updating if (a := r.get("update", {}).get("update/absorbed_fraction")) is not None]
     if absorbed:
         line += "; each absorbed " + "/".join(f"{a:.0%}" for a in absorbed) + " of its episode's loss"
     last = records[-1]
@@ -42,7 +33,8 @@ def learning_line(records: list[dict]) -> str:
 
 
 class StreamReport(L.Callback):
-    """Prints one line per task and the stream summary at the end."""
+    """Prints one line per task and the stream summary at the end; keeps the tasks' records (less
+    ``NOT_KEPT``) for the summary, so a resumed stream's summary covers every task."""
 
     def __init__(self, verbose: bool = True):
         """
@@ -53,14 +45,11 @@ class StreamReport(L.Callback):
         self.records: list[dict] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.last is None:
-            return
-        episode, stats = pl_module.last
-        rec = {**episode.summary(), "updates": stats.get("updates", 0),
-               "absorbed": stats.get("update/absorbed_fraction")}
+        outcome = outputs["outcome"]
+        rec = {k: v for k, v in outcome.record.items() if k not in NOT_KEPT}
         self.records.append(rec)
         if self.verbose:
-            t = episode.timings
+            t, stats = outcome.episode.timings, outcome.stats
             rank_zero_info(
                 f"[task {rec['task_index']:4d}] {rec['task_id']}: "
                 f"{'SOLVED' if rec['verified'] else 'failed'} in {rec['turns']} turns, "

@@ -46,7 +46,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from callbacks.experience_log import run_dir
+from callbacks.base import run_dir
 from lit_ascent.results.run_archive import STATE_FILE
 
 FORMAT = 1

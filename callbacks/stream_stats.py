@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-import lightning as L
+from callbacks.base import EpisodeCallback
 
 
 def window_invalid_rate(window: list[tuple[int, int]]) -> float:
@@ -18,12 +18,12 @@ def failed_update_share(failed_updates: int, total_updates: int) -> float:
     return failed_updates / total_updates if total_updates else 0.0
 
 
-class StreamStats(L.Callback):
+class StreamStats(EpisodeCallback):
     """Logs ``stream/invalid_rate_window`` (invalid actions / turns over the last
     ``window`` episodes) and ``train/updates_from_failed_share`` (cumulative).
 
-    Both also go into the episode's diagnostics, so the experience log's JSONL
-    record carries them (the CLI registers this callback before the log).
+    Both are measured after the task's update and added to the task's diagnostics,
+    so its record (the experience log's line) carries them.
     """
 
     def __init__(self, window: int = 10):
@@ -37,20 +37,17 @@ class StreamStats(L.Callback):
         self.recent: deque[tuple[int, int]] = deque(maxlen=window)
         self.updates = {"total": 0, "failed": 0}
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.last is None:
-            return
-        episode, stats = pl_module.last
+    def on_after_update(self, trainer, pl_module, outcome) -> None:
+        episode = outcome.episode
         self.recent.append((episode.num_invalid, len(episode.turns)))
-        n = int(stats.get("updates", 0))
+        n = int(outcome.stats.get("updates", 0))
         self.updates["total"] += n
         self.updates["failed"] += 0 if episode.verified else n
         values = {
             "stream/invalid_rate_window": window_invalid_rate(list(self.recent)),
             "train/updates_from_failed_share": failed_update_share(self.updates["failed"], self.updates["total"]),
         }
-        episode.diagnostics.update(values)
-        pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
+        outcome.diagnostics.update(values)
 
     def state_dict(self) -> dict:
         return {"recent": list(self.recent), "updates": dict(self.updates)}

@@ -18,7 +18,7 @@ class EpisodeTranscripts(L.Callback):
     observation with invalid turns marked, verdict, the update's numbers, diagnostics).
 
     One tag per task, so TensorBoard keeps every task's text (it samples a tag's steps).
-    Registered after the diagnostics, so their values are in the text.
+    The diagnostics are those of the task's outcome, complete before any ``on_train_batch_end``.
     """
 
     def __init__(self, enabled: bool = True, max_chars: int = 2000):
@@ -32,10 +32,11 @@ class EpisodeTranscripts(L.Callback):
         self.enabled, self.max_chars = enabled, max_chars
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self.enabled or pl_module.last is None or trainer.global_rank != 0:
+        if not self.enabled or trainer.global_rank != 0:
             return
-        episode, stats = pl_module.last
-        text = render(episode, stats, self.max_chars)
+        outcome = outputs["outcome"]
+        episode = outcome.episode
+        text = render(episode, outcome.stats, self.max_chars, outcome.diagnostics)
         for writer in text_writers(trainer):
             writer.add_text(f"transcript/task_{episode.task.index:04d}", text, global_step=episode.task.index)
 

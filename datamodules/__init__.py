@@ -1,4 +1,4 @@
 """Data modules: the one-pass task stream."""
-from datamodules.stream import TaskStreamDataModule, stream_order
+from datamodules.stream import TaskStreamDataModule
 
-__all__ = ["TaskStreamDataModule", "stream_order"]
+__all__ = ["TaskStreamDataModule"]

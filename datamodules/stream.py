@@ -7,41 +7,14 @@ the start of its training step instead.
 """
 from __future__ import annotations
 
-import dataclasses
-import random
-from collections import defaultdict
-
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import GuardedEnv
+from lit_ascent.stream_order import stream_tasks
 from lit_ascent.trajectory import Task
-
-
-def stream_order(tasks: list[Task], seed: int, shuffle: bool = True, balance_by: str | None = None) -> list[Task]:
-    """The stream's task order: seeded shuffle, optionally round-robin over a meta key.
-
-    With ``balance_by='family'`` every prefix of the stream holds the families in
-    near-equal numbers (each family shuffled on its own, then interleaved).
-    """
-    rng = random.Random(seed)
-    tasks = list(tasks)
-    if shuffle:
-        rng.shuffle(tasks)
-    if not balance_by:
-        return tasks
-    groups: dict = defaultdict(list)
-    for t in tasks:
-        groups[t.info().get(balance_by)].append(t)
-    keys = sorted(groups, key=str)
-    if shuffle:
-        rng.shuffle(keys)
-    out: list[Task] = []
-    while any(groups[k] for k in keys):
-        out.extend(groups[k].pop(0) for k in keys if groups[k])
-    return out
 
 
 class TaskStreamDataModule(L.LightningDataModule):
@@ -72,13 +45,11 @@ class TaskStreamDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.stream:
             return
-        ordered = stream_order(self.env.tasks(), self.seed, self.shuffle, self.balance_by)
-        if self.num_tasks and self.num_tasks > len(ordered):
+        tasks = self.env.tasks()
+        if self.num_tasks and self.num_tasks > len(tasks):
             rank_zero_warn(f"data.num_tasks={self.num_tasks} but {type(self.env.inner).__name__} offers "
-                           f"{len(ordered)} tasks: the stream runs {len(ordered)}")
-        ordered = ordered[: self.num_tasks] if self.num_tasks else ordered
-        rng = random.Random(self.seed + 1)
-        self.stream = [dataclasses.replace(t, index=i, seed=rng.randrange(2**31)) for i, t in enumerate(ordered)]
+                           f"{len(tasks)} tasks: the stream runs {len(tasks)}")
+        self.stream = stream_tasks(tasks, self.num_tasks, self.seed, self.shuffle, self.balance_by)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.stream[self.start:], batch_size=1, shuffle=False, collate_fn=list, num_workers=0)

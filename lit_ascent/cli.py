@@ -3,7 +3,10 @@
 Infrastructure callbacks (experience log, adapter saving, diagnostics, report,
 transcripts, held-out evaluation) are always on and configured under their own keys;
 ``trainer.callbacks`` holds only the method's callbacks (gate, filter), so an
-ablation is a swap of that list.
+ablation is a swap of that list. Their order does not change what a task's record
+holds: the module hands each task's ``TaskOutcome`` to the episode callbacks inside
+the training step and builds the record before any ``on_train_batch_end`` runs
+(``lit_ascent/outcome.py``).
 
 Where a run writes: ``trainer.default_root_dir``, when set, moves the logger's
 ``save_dir`` with it (see ``follow_default_root_dir``). A bad config value is
@@ -91,12 +94,12 @@ def follow_default_root_dir(trainer_cfg: Any, save_dir_given: bool) -> None:
 
 class AscentCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(StreamStats, "stream_stats")  # first: its values reach the JSONL
+        parser.add_lightning_class_args(StreamStats, "stream_stats")
         parser.add_lightning_class_args(ExperienceLog, "experience_log")
         parser.add_lightning_class_args(AdapterCheckpoint, "adapter_checkpoint")
         parser.add_lightning_class_args(CollapseDiagnostics, "diagnostics")
         parser.add_lightning_class_args(StreamReport, "report")
-        parser.add_lightning_class_args(EpisodeTranscripts, "transcripts")  # after the diagnostics: shows them
+        parser.add_lightning_class_args(EpisodeTranscripts, "transcripts")
         parser.add_lightning_class_args(HeldOutEval, "heldout")  # off until heldout.env is set (configs/heldout/)
         parser.add_lightning_class_args(StreamCheckpoint, "stream_checkpoint")
 

@@ -15,7 +15,7 @@ cycle its weights are copied into a second, frozen adapter named "teacher", and
 The cycle-0 copy of the fresh adapter (B = 0) is exactly the base model. One LoRA
 keeps training across cycles, so the final adapter is a single PEFT adapter.
 
-    python -m lit_ascent.cycles --config configs/resail/debug_sdpo_resail.yaml
+    python -m lit_ascent.cycles --config configs/resail/debug_sdpo.yaml --config configs/resail/debug_sdpo_resail.yaml
 """
 from __future__ import annotations
 
@@ -31,14 +31,18 @@ from typing import Iterator
 import torch
 
 from lit_ascent.envs.base import TextEnv
-from lit_ascent.evaluate import evaluate, outcome_rates
+from lit_ascent.envs.guarded import check_reply
+from lit_ascent.evaluate import evaluate
 from lit_ascent.models import ModelConfig, Policy, load_policy
-from lit_ascent.module import OptimConfig
 from lit_ascent.objectives.resail import ReSAIL
 from lit_ascent.privileged import lesson_block, lesson_request
+from lit_ascent.records import outcome_rates
 from lit_ascent.engines.hf import IncrementalDecoder
-from lit_ascent.rollout import RolloutConfig, chat_prompt_ids
+from lit_ascent.chat import chat_prompt_ids
+from lit_ascent.rollout import RolloutConfig
+from lit_ascent.stream_order import stream_tasks
 from lit_ascent.trajectory import Episode, Task
+from lit_ascent.optim import OptimConfig, guarded_step
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +140,8 @@ def privileged_texts(policy: Policy, objective: ReSAIL, episodes: list[Episode],
 
 def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], updates: int, batch_size: int,
            opt: torch.optim.Optimizer, grad_clip: float, rng: random.Random) -> list[dict]:
-    """``updates`` optimiser steps, each on a fresh random batch; per-update metrics."""
+    """``updates`` optimiser steps, each on a fresh random batch; the metrics of each step taken
+    (one with no target, a non-finite loss or a non-finite gradient is skipped, see ``guarded_step``)."""
     history = []
     params = policy.trainable_parameters()
     policy.model.train()
@@ -146,15 +151,14 @@ def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], u
         episodes, texts = [e for e, _ in batch], [z for _, z in batch]
         prepared = objective.prepare_batch(policy, episodes, texts)  # teacher side, every update
         out = objective.loss_batch(policy, episodes, prepared)
-        if out is None or not torch.isfinite(out.loss):
-            log.warning("update skipped: no target or non-finite loss")
+        if out is None:
+            log.warning("update skipped: no target")
             continue
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
-        if torch.isfinite(norm):
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        stepped = guarded_step(opt, params, [out.loss], grad_clip).stepped
+        opt.zero_grad(set_to_none=True)  # no gradient held through the next batch's teacher pass
+        if not stepped:
+            log.warning("update skipped: non-finite loss or gradient")
+            continue
         history.append({**out.metrics, "perf/update_s": time.perf_counter() - t0})
     return history
 
@@ -210,7 +214,7 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
                optim: OptimConfig, rollout_cfg: RolloutConfig, log_dir: str | Path) -> list[dict]:
     """Deploy / distil ``cycles.cycles`` times; returns the ``cycles + 1`` per-cycle records."""
     policy = policy if isinstance(policy, SnapshotTeacher) else SnapshotTeacher(policy)
-    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    opt = optim.adamw(policy.trainable_parameters())
     logger, records, probe, step = CycleLog(log_dir), [], [], 0
     for c in range(cycles.cycles + 1):
         policy.snapshot()  # this cycle's teacher: the model at the start of the cycle
@@ -247,12 +251,8 @@ def mean_metrics(history: list[dict]) -> dict[str, float]:
 
 
 def deployment_tasks(env: TextEnv, num_tasks: int | None, seed: int) -> list[Task]:
-    """The fixed deployment set: a seeded order of the env's tasks, cut to ``num_tasks``."""
-    from datamodules.stream import TaskStreamDataModule
-
-    dm = TaskStreamDataModule(env, num_tasks=num_tasks, seed=seed)
-    dm.setup()
-    return dm.stream
+    """The fixed deployment set: a seeded order of the env's tasks, cut to ``num_tasks`` (as the stream's)."""
+    return stream_tasks(check_reply(env, "tasks", env.tasks()), num_tasks, seed)
 
 
 def build_parser():
@@ -293,4 +293,7 @@ def main(args: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    from jsonargparse import set_parsing_settings
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # --help shows each config field's docstring
     main()

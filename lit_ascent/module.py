@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -14,35 +13,13 @@ from lit_ascent.engines import close_engines
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation, LossOutput, Objective
 from lit_ascent.objectives.experience_replay import ReplayBuffer, ReplayConfig
+from lit_ascent.outcome import EpisodeCallback, TaskOutcome
 from lit_ascent.playback import Playback, PlaybackConfig
 from lit_ascent.rollout import RolloutConfig, rollout, rollout_engine
 from lit_ascent.trajectory import Episode, Task
+from lit_ascent.optim import OptimConfig, guarded_step
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class OptimConfig:
-    """AdamW on the LoRA parameters only."""
-
-    lr: float = 1e-4
-    """Learning rate (> 0)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay (>= 0)."""
-    updates_per_task: int = 1
-    """Optimiser steps per episode that passes the callbacks (>= 1)."""
-    grad_clip: float = 1.0
-    """Max global gradient norm; 0 disables clipping."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"model.optim.lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"model.optim.weight_decay must be >= 0, got {self.weight_decay}")
-        if self.updates_per_task < 1:
-            raise ValueError(f"model.optim.updates_per_task must be >= 1, got {self.updates_per_task}")
-        if self.grad_clip < 0:
-            raise ValueError(f"model.optim.grad_clip must be >= 0, got {self.grad_clip}")
 
 
 class OaTTTModule(L.LightningModule):
@@ -75,7 +52,6 @@ class OaTTTModule(L.LightningModule):
         self.policy: Policy | None = None
         self.success_rate, self.invalid_rate = MeanMetric(), MeanMetric()
         self.counters = {"updates": 0, "skipped_nonfinite": 0, "env_errors": 0}
-        self.last: tuple[Episode, dict] | None = None
 
     def configure_model(self) -> None:
         if self.policy is None:  # heavy: built when the trainer starts, not in __init__
@@ -100,21 +76,25 @@ class OaTTTModule(L.LightningModule):
                 f"lora=r{lora.rank}/alpha{lora.alpha:g}")
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        return torch.optim.AdamW(self.policy.trainable_parameters(), lr=o.lr, weight_decay=o.weight_decay)
+        return self.optim_cfg.adamw(self.policy.trainable_parameters())
 
     @property
     def env(self):
         return self.trainer.datamodule.env
 
-    def training_step(self, batch: list[Task], batch_idx: int) -> None:
-        episode = self.act(batch[0])
-        for cb in self.trainer.callbacks:
-            if hasattr(cb, "on_episode"):
-                cb.on_episode(self.trainer, self, episode)
-        stats = self.learn(episode)
-        self.last = (episode, stats)
-        self.log_episode(episode, stats)
+    def training_step(self, batch: list[Task], batch_idx: int) -> dict[str, TaskOutcome]:
+        """Act, hand the episode to the episode callbacks, learn, hand them the update, then build the
+        task's record; every callback's ``on_train_batch_end`` gets the outcome as ``outputs["outcome"]``."""
+        outcome = TaskOutcome(self.act(batch[0]), dtype=str(self.policy.model.dtype).removeprefix("torch."))
+        hooks = [cb for cb in self.trainer.callbacks if isinstance(cb, EpisodeCallback)]
+        for cb in hooks:
+            cb.on_episode(self.trainer, self, outcome)
+        outcome.stats = self.learn(outcome.episode)
+        for cb in hooks:
+            cb.on_after_update(self.trainer, self, outcome)
+        outcome.finish()
+        self.log_episode(outcome.episode, outcome.stats, outcome.diagnostics)
+        return {"outcome": outcome}
 
     def act(self, task: Task) -> Episode:
         """One greedy episode with the weights as they are now (with playback: the recorded one)."""
@@ -168,24 +148,20 @@ class OaTTTModule(L.LightningModule):
         Each episode's loss is backpropagated on its own (gradient accumulation), so memory holds
         one episode's graph at a time; a batch of one is exactly the single-episode step.
         """
-        opt = self.optimizers()
-        opt.zero_grad(set_to_none=True)
-        current = None
-        for j, (episode, prepared) in enumerate(batch):
-            out = self.objective.loss(self.policy, episode, prepared)
-            if out is None:
-                if j == 0:
-                    return None, False
-                continue
-            current = out if j == 0 else current
-            if not torch.isfinite(out.loss):
-                return current, self.skip(task_id)
-            self.manual_backward(out.loss if len(batch) == 1 else out.loss / len(batch))
-        clip = self.optim_cfg.grad_clip or float("inf")
-        if not torch.isfinite(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), clip)):
-            return current, self.skip(task_id)
-        opt.step()
-        return current, True
+        current = self.objective.loss(self.policy, *batch[0])
+        if current is None:
+            return None, False
+
+        def losses():  # each built after the previous one's backward
+            yield current.loss if len(batch) == 1 else current.loss / len(batch)
+            for episode, prepared in batch[1:]:
+                out = self.objective.loss(self.policy, episode, prepared)
+                if out is not None:
+                    yield out.loss / len(batch)
+
+        outcome = guarded_step(self.optimizers(), self.policy.trainable_parameters(), losses(),
+                               self.optim_cfg.grad_clip, self.manual_backward)
+        return current, outcome.stepped or self.skip(task_id)
 
     def skip(self, task_id: str) -> bool:
         """Count a step skipped for a non-finite loss or gradient (returns False: no step)."""
@@ -236,7 +212,9 @@ class OaTTTModule(L.LightningModule):
             for key, value in values.items():
                 setattr(metric, key, value.to(self.device))
 
-    def log_episode(self, ep: Episode, stats: dict) -> None:
+    def log_episode(self, ep: Episode, stats: dict, diagnostics: dict[str, float]) -> None:
+        """The task's metrics: the stream's, the counters, rollout speed, the episode callbacks' diagnostics
+        (at this step), and the update's (at the task's index, only when it updated)."""
         turns = max(len(ep.turns), 1)
         self.success_rate.update(float(ep.verified))
         self.invalid_rate.update(ep.num_invalid / turns)
@@ -252,6 +230,7 @@ class OaTTTModule(L.LightningModule):
             "rollout/tokens_per_s": ep.timings.get("tokens_per_s", 0.0),
             "perf/rollout_s": ep.timings.get("rollout_s", 0.0),
             **{f"perf/{k}": v for k, v in ep.timings.items() if k.startswith("engine_")},
+            **diagnostics,
         }, **kw)
         # Update metrics exist only for tasks that updated; self.log would repeat the last
         # value at every later step, so they go to the loggers directly, at the task's index.

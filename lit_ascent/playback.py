@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lit_ascent.envs.base import TextEnv
+from lit_ascent.records import read_records
 from lit_ascent.replay import replay
 from lit_ascent.rollout import EpisodeRun, RolloutConfig
-from lit_ascent.results.run_archive import read_records
 from lit_ascent.trajectory import Episode, Task
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ and teacher position p + offset predict the same token.
 """
 from __future__ import annotations
 
-from lit_ascent.rollout import chat_prompt_ids
+from lit_ascent.chat import chat_prompt_ids
 from lit_ascent.trajectory import Episode, Turn
 
 PI_CONTENTS = ("actions", "reasoning_actions", "full")

@@ -19,13 +19,14 @@ Every other option (``--config``, ``--data.env.init_args.split eval``, ...) is t
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from lit_ascent.envs.base import TextEnv, parse_action
 from lit_ascent.models import load_tokenizer
+from lit_ascent.options import flag, options_parser, parse_options
 from lit_ascent.rollout import EpisodeRun, RolloutConfig
 from lit_ascent.trajectory import Episode, Task
 from lit_ascent.transcript import render
@@ -80,29 +81,45 @@ def chosen_turns(stream: list[Task], env: TextEnv, index: int | None, task_id: s
     return task, [turn_text(a) for a in actions]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lit_ascent.replay",
-                                description="Replay actions (or the environment's solver) on one task of the "
-                                            "stream and print the transcript.",
-                                epilog="Other options (--config ...) are train.py's; the environment, "
-                                       "task order and tokenizer come from them.")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--task", type=int, help="Stream index of the task (data.seed order).")
-    which.add_argument("--task-id", help="Task id (e.g. minecraft:oak_sign, task-3).")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--actions", nargs="+", help="Actions, one per turn (or whole turn texts with an "
-                                                   "'Action:' line).")
-    what.add_argument("--solver", action="store_true", help="The environment's own solution (TextCraft's "
-                                                            "solver, ALFWorld's planner, expert_actions).")
-    return p
+@dataclass
+class ReplayOptions:
+    """Replay actions (or the environment's solver) on one task of the stream and print the transcript.
+    Every other option (--config ...) is train.py's; the environment, task order and tokenizer come from it."""
+
+    task: int | None = None
+    """Stream index of the task (data.seed order); give this or --task-id."""
+    task_id: str | None = None
+    """Task id (e.g. minecraft:oak_sign, task-3)."""
+    actions: list[str] | None = None
+    """Actions, one per turn (or whole turn texts with an 'Action:' line); give these or --solver."""
+    solver: bool = False
+    """The environment's own solution (TextCraft's solver, ALFWorld's planner, expert_actions)."""
+
+    def __post_init__(self) -> None:
+        if (self.task is None) == (self.task_id is None):
+            raise ValueError("give exactly one of --task and --task-id")
+        if (self.actions is None) == (not self.solver):
+            raise ValueError("give exactly one of --actions and --solver")
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(replay's own options with their values, the rest for train.py's CLI). An option's values are
+    the arguments up to the next one that starts with ``--``; ``--help`` is replay's."""
+    own_flags = {flag(f.name) for f in fields(ReplayOptions)} | {"-h", "--help"}
+    own, rest, target = [], [], None
+    for arg in argv:
+        if arg.startswith("--") or arg == "-h":
+            target = own if arg.split("=", 1)[0] in own_flags else rest
+        (target if target is not None else rest).append(arg)
+    return own, rest
 
 
 def main(argv: list[str] | None = None) -> Episode:
     """Parse ``argv``, replay the actions on the chosen task, print the transcript; returns the episode."""
     from lit_ascent.cli import main as cli_main
 
-    parser = build_parser()
-    args, cli_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    own, cli_args = split_argv(sys.argv[1:] if argv is None else argv)
+    args = parse_options(ReplayOptions, own, prog="python -m lit_ascent.replay")
     with warnings.catch_warnings():  # LightningCLI warns that sys.argv holds more than cli_args: on purpose
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         cli = cli_main(cli_args, run=False)  # builds the objects, loads no model (a fit loads it)
@@ -113,7 +130,7 @@ def main(argv: list[str] | None = None) -> Episode:
         try:
             task, texts = chosen_turns(data.stream, data.env.inner, args.task, args.task_id, args.actions)
         except ValueError as err:
-            parser.error(str(err))
+            options_parser(ReplayOptions, prog="python -m lit_ascent.replay").error(str(err))
         episode = replay(load_tokenizer(cli.model.llm_cfg), data.env, task, texts)
     finally:
         data.teardown()

@@ -1,27 +1,26 @@
 """One episode: multi-turn ReAct with greedy decoding and a KV cache kept across turns.
 
-The episode is one append-only token sequence. Each turn pre-fills only the
-tokens the cache has not seen (the previous stop token and the new
-observation), never the whole history again. The bookkeeping of an episode
-(``EpisodeRun``: prompt, turn budget, env steps, roles) is separate from the
-decoding, so the batched evaluation (``lit_ascent.evaluate``) runs the very
-same episode logic over a shared batch cache. How the tokens are generated is
-the engine's business (``lit_ascent.engines``, ``RolloutConfig.engine``).
+The episode is one append-only token sequence (its chat rendering:
+``lit_ascent.chat``). Each turn pre-fills only the tokens the cache has not
+seen (the previous stop token and the new observation), never the whole
+history again. The bookkeeping of an episode (``EpisodeRun``: prompt, turn
+budget, env steps, roles) is separate from the decoding, so the batched
+evaluation (``lit_ascent.evaluate``) runs the very same episode logic over a
+shared batch cache. How the tokens are generated is the engine's business
+(``lit_ascent.engines``, ``RolloutConfig.engine``).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
 
-import torch
-
+from lit_ascent.chat import chat_prompt_ids, observation_ids, observation_template
 from lit_ascent.engines.base import ENGINES, engine_for
 from lit_ascent.engines.fused import FusedSettings
 from lit_ascent.engines.vllm import VLLMSettings
 from lit_ascent.envs.base import StepResult, TextEnv, parse_action
+from lit_ascent.models import cpu_threads, skip_zero_adapter
 from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
 
 log = logging.getLogger(__name__)
@@ -63,36 +62,6 @@ class RolloutConfig:
         for name in ("max_turns", "max_new_tokens", "max_context_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"rollout.{name} must be > 0, got {getattr(self, name)}")
-
-
-def chat_prompt_ids(tokenizer, system: str, user: str) -> list[int]:
-    """Token ids of [system, user] rendered with the chat template, ready for the assistant."""
-    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
-
-
-def observation_template(tokenizer) -> tuple[str, str, str]:
-    """(end_of_turn, before, after): the text the chat template puts around a user reply.
-
-    Found by rendering a conversation with marker strings, so any chat template works.
-    """
-    a, o = "\u00a7A\u00a7", "\u00a7O\u00a7"
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-            {"role": "assistant", "content": a}, {"role": "user", "content": o}]
-    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    between = text.split(a, 1)[1]
-    before, after = between.split(o, 1)
-    eot = tokenizer.eos_token or ""
-    return eot, before, after
-
-
-def observation_ids(tokenizer, observation: str, turn_closed: bool, template) -> list[int]:
-    """Ids appended after an assistant turn: end of turn (if not generated), the reply, next header."""
-    eot, before, after = template
-    if turn_closed and eot and before.startswith(eot):
-        before = before[len(eot):]
-    return tokenizer(before + observation + after, add_special_tokens=False).input_ids
 
 
 def _action_line_done(tokenizer):
@@ -229,43 +198,6 @@ def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, cont
         ep.timings.update({f"engine_{k}": v - perf_before.get(k, 0.0) for k, v in engine.perf.items()
                            if v != perf_before.get(k, 0.0)})
     return ep
-
-
-@contextlib.contextmanager
-def cpu_threads(n: int, model) -> Iterator[None]:
-    """Use ``n`` intra-op threads inside the block when ``model`` runs on the CPU (0: unchanged)."""
-    before = torch.get_num_threads()
-    change = n > 0 and next(model.parameters()).device.type == "cpu"
-    if change:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if change:
-            torch.set_num_threads(before)
-
-
-def adapter_is_zero(model) -> bool:
-    """True when the model has LoRA layers and every B matrix is exactly zero (no update yet)."""
-    b = [p for name, p in model.named_parameters() if "lora_B" in name]
-    return bool(b) and not any(bool(p.any()) for p in b)
-
-
-@contextlib.contextmanager
-def skip_zero_adapter(model) -> Iterator[None]:
-    """Run the block with the adapter disabled while its fast weights are exactly zero.
-
-    With B = 0 the LoRA term B(A x) adds exact zeros, so the logits and tokens are
-    the same bit for bit; skipping its two small matmuls per linear layer saves
-    about a fifth of SmolLM2's decode time (``python -m lit_ascent.bench``: decode
-    rows). A fresh adapter (the base, every method before its first update, the
-    reference evaluation) decodes this way; any update makes B non-zero.
-    """
-    if hasattr(model, "disable_adapter") and adapter_is_zero(model):
-        with model.disable_adapter():
-            yield
-    else:
-        yield
 
 
 def _append(ep: Episode, ids: list[int], role: int, turn: int) -> None:

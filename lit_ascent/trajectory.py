@@ -71,8 +71,6 @@ class Episode:
     error: str | None = None
     """Environment error that ended the episode, if any."""
     timings: dict[str, float] = field(default_factory=dict)
-    diagnostics: dict[str, float] = field(default_factory=dict)
-    """Per-episode diagnostics (first-token entropy, drift), filled by callbacks."""
     # Set by callbacks before the update (see callbacks/):
     trainable: bool = True
     """False when a callback (e.g. the verification gate) vetoes the update."""
@@ -108,7 +106,6 @@ class Episode:
             "valid": [t.valid for t in self.turns],
             "tokens": len(self.token_ids),
             "error": self.error,
-            **self.diagnostics,
         }
 
 
@@ -136,7 +133,7 @@ def episode_state(ep: Episode) -> dict[str, Any]:
         "turns": [{"index": u.index, "text": u.text, "action": u.action, "observation": u.observation,
                    "valid": u.valid, "span": list(u.span)} for u in ep.turns],
         "verified": ep.verified, "error": ep.error, "timings": dict(ep.timings),
-        "diagnostics": dict(ep.diagnostics), "trainable": ep.trainable, "pi_valid_only": ep.pi_valid_only,
+        "trainable": ep.trainable, "pi_valid_only": ep.pi_valid_only,
     }
 
 
@@ -150,5 +147,5 @@ def episode_from_state(state: dict[str, Any]) -> Episode:
                    token_ids=state["token_ids"].tolist(), roles=state["roles"].tolist(),
                    turn_ids=state["turn_ids"].tolist(), prompt_len=state["prompt_len"], turns=turns,
                    verified=state["verified"], error=state["error"], timings=dict(state["timings"]),
-                   diagnostics=dict(state["diagnostics"]), trainable=state["trainable"],
+                   trainable=state["trainable"],
                    pi_valid_only=state["pi_valid_only"])

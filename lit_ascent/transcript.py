@@ -34,9 +34,10 @@ def update_line(episode: Episode, stats: dict) -> str:
     return f"**update:** {steps} optimiser step{'s' * (steps != 1)}" + (f" ({numbers})" if numbers else "")
 
 
-def render(episode: Episode, stats: dict | None = None, max_chars: int = 2000) -> str:
-    """The whole episode as markdown (the update's line only with the update's ``stats``); each text
-    (task, turn, observation) cut to ``max_chars``."""
+def render(episode: Episode, stats: dict | None = None, max_chars: int = 2000,
+           diagnostics: dict[str, float] | None = None) -> str:
+    """The whole episode as markdown (the update's line only with the update's ``stats``, the
+    diagnostics line only with ``diagnostics``); each text (task, turn, observation) cut to ``max_chars``."""
     t = episode.task
     parts = [f"### task {t.index}: `{t.task_id}` ({t.env}, reset seed {t.seed})", verdict(episode) + "  ",
              *([update_line(episode, stats)] if stats is not None else []),
@@ -46,6 +47,6 @@ def render(episode: Episode, stats: dict | None = None, max_chars: int = 2000) -
         action = f"`{turn.action}`" if turn.action is not None else "no parseable action"
         parts += [f"**turn {turn.index + 1}**{mark}: {action}", fenced(turn.text, max_chars),
                   fenced(turn.observation, max_chars)]
-    if episode.diagnostics:
-        parts.append("**diagnostics:** " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(episode.diagnostics.items())))
+    if diagnostics:
+        parts.append("**diagnostics:** " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(diagnostics.items())))
     return "\n\n".join(parts)

@@ -6,7 +6,7 @@ import torch
 
 from lit_ascent.envs import ScriptedEnv, parse_action
 from lit_ascent.models import LoraSettings, ModelConfig, load_policy
-from lit_ascent.rollout import chat_prompt_ids
+from lit_ascent.chat import chat_prompt_ids
 from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32", lora=LoraSettings(rank=4, alpha=8.0))

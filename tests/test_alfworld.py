@@ -14,7 +14,7 @@ import pytest
 from lit_ascent.warmstart.planner_cache import load_done, write_demos
 from lit_ascent.warmstart.planner_cache import main as demos_main
 from lit_ascent.envs import alfworld as alf
-from datamodules import stream_order
+from lit_ascent.stream_order import stream_order
 from lit_ascent.envs.alfworld import ALFWorldEnv, preserved_argv, resolve_data_root
 from lit_ascent.envs.base import parse_action
 from lit_ascent.trajectory import Task

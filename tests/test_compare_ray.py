@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from lit_ascent.results import compare, ray_executor
-from lit_ascent.results.run_archive import read_records
+from lit_ascent.records import read_records
 
 DEBUG = compare.REPO / "configs/debug.yaml"
 LONG_STREAM = "data:\n  env:\n    init_args: {num_tasks: 12}\n"  # long enough to be killed in the middle

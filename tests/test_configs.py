@@ -1,4 +1,4 @@
-"""Every YAML under configs/ parses with the CLI; every method runs end to end on the debug config."""
+"""Every YAML under configs/ parses with its CLI; every method runs end to end on the debug config."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import yaml
 
 from callbacks import InvalidTurnFilter, StreamStats, VerificationGate
 from lit_ascent.cli import TRAINER_DEFAULTS, AscentCLI, main
+from lit_ascent.cycles import build_parser as cycles_parser
 from lit_ascent.module import OaTTTModule
 from lit_ascent.objectives import TTOPSD, Distillation, Imitation, NoUpdate, Reinforce, ReinforcePP
 from datamodules import TaskStreamDataModule
@@ -29,6 +30,10 @@ def is_train_config(path: Path) -> bool:
 ALL_YAML = sorted(CONFIGS.rglob("*.yaml"))
 ENV_CONFIGS = [p for p in ALL_YAML if p not in [*OVERLAYS, DEMO] and is_train_config(p)]
 METHODS = sorted(p.stem for p in CONFIGS.glob("methods/*.yaml"))
+CYCLES_BASES = (CONFIGS / "resail/sdpo.yaml", CONFIGS / "resail/debug_sdpo.yaml")
+"""The complete lit_ascent.cycles configs; the other cycles files overlay one of them."""
+CYCLES_OVERLAYS = sorted(p for p in CONFIGS.glob("resail/*.yaml")
+                         if p not in CYCLES_BASES and "model" not in yaml.safe_load(p.read_text()))
 
 EXPECTED = {  # method -> (objective class, method callbacks)
     "base": (NoUpdate, []),
@@ -113,6 +118,42 @@ def test_ablation_differs_from_ascent_only_where_it_should(ablation, changed):
     assert method_callbacks(abl) == expected_callbacks
     assert abl.config.model.llm == ref.config.model.llm and abl.config.data == ref.config.data
     assert (abl.model.replay_cfg.k, ref.model.replay_cfg.k) == ((4, 0) if ablation == "replay" else (0, 0))
+
+
+def cycles_base(overlay: Path) -> Path:
+    """The base a cycles overlay applies to: the debug runs have their own."""
+    return CYCLES_BASES[1] if overlay.stem.startswith("debug_") else CYCLES_BASES[0]
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """Nested dict -> {"a.b.c": leaf}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def parse_cycles(*configs: Path) -> dict:
+    cfg = cycles_parser().parse_args([a for c in configs for a in ("--config", str(c))]).as_dict()
+    cfg.pop("config")
+    return flat(cfg)
+
+
+def test_cycles_matrix_is_complete():
+    assert {p.stem for p in CYCLES_OVERLAYS} == {"sdpo_resail", "oel", "oel_resail",
+                                                  "debug_sdpo_resail", "debug_oel", "debug_oel_resail"}
+
+
+@pytest.mark.parametrize("overlay", CYCLES_OVERLAYS, ids=lambda p: p.stem)
+def test_cycles_overlay_changes_only_the_keys_it_names(overlay):
+    ref, cfg = parse_cycles(cycles_base(overlay)), parse_cycles(cycles_base(overlay), overlay)
+    named = flat(yaml.safe_load(overlay.read_text()))
+    assert named["log_dir"] == f"runs/resail/{overlay.stem}"  # runs land in separate folders
+    assert {k: cfg[k] for k in named} == named
+    assert {k: v for k, v in cfg.items() if k not in named} == {k: v for k, v in ref.items() if k not in named}
 
 
 TINY_RUN = ("--data.env.init_args.num_tasks", "2", "--data.shuffle", "false",

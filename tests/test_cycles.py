@@ -63,7 +63,8 @@ def test_bad_schedule_names_the_argument(kwargs, name):
 @pytest.mark.parametrize("variant, extra", [("sdpo", []), ("sdpo_resail", []), ("oel", []),
                                             ("oel_resail", ["--cycles.eval_batch_size", "2"])])
 def test_debug_config_runs_two_cycles(tmp_path, variant, extra):
-    records = main(["--config", f"configs/resail/debug_{variant}.yaml", "--log_dir", str(tmp_path),
+    overlay = [] if variant == "sdpo" else ["--config", f"configs/resail/debug_{variant}.yaml"]
+    records = main(["--config", "configs/resail/debug_sdpo.yaml", *overlay, "--log_dir", str(tmp_path),
                     "--num_tasks", "2", "--env.init_args.verify_every", "1", *extra])
     rows = [json.loads(line) for line in (tmp_path / "cycles.jsonl").read_text().splitlines()]
     assert [r["cycle"] for r in rows] == [0, 1, 2] == [r["cycle"] for r in records]

@@ -134,7 +134,7 @@ def test_a_raising_reset_ends_its_episode_at_once_and_the_task_line_says_why(mon
     monkeypatch.setattr("callbacks.report.rank_zero_info", lines.append)
     report = StreamReport()
     for r in rows:
-        report.on_train_batch_end(None, SimpleNamespace(last=(r["episode"], r["stats"])), None, None, 0)
+        report.on_train_batch_end(None, None, {"outcome": r["outcome"]}, None, 0)
     assert "failed in 0 turns" in lines[1] and "ended by an environment error: " in lines[1]
     assert "refused the connection" in lines[1]
     assert "environment error" not in lines[0] + lines[2]
@@ -210,15 +210,17 @@ def test_more_tasks_asked_than_offered_warns_once():
 
 def test_experience_log_keeps_each_turns_text_and_readers_still_work(tmp_path, policy):
     from lit_ascent.results.report import run_metrics
-    from lit_ascent.results.run_archive import read_records
+    from lit_ascent.outcome import TaskOutcome
+    from lit_ascent.records import read_records
     from lit_ascent.results.update_stats import update_stats
 
     texts = ["Thought: look around\nI will act now", "Thought: go\nAction: go north"]
     episode = hand_episode(policy.tokenizer, texts, valid=[False, True])
     log = ExperienceLog()
     log.path = tmp_path / "experience.jsonl"
-    log.on_train_batch_end(SimpleNamespace(global_rank=0),
-                           SimpleNamespace(last=(episode, {"updates": 1}), policy=policy), None, None, 0)
+    outcome = TaskOutcome(episode, dtype=str(policy.model.dtype).removeprefix("torch."), stats={"updates": 1})
+    outcome.finish()
+    log.on_train_batch_end(SimpleNamespace(global_rank=0), None, {"outcome": outcome}, None, 0)
     record = json.loads(log.path.read_text())
     assert record["texts"] == texts and record["actions"] == [None, "go north"]  # why turn 1 parsed nothing
     assert record["dtype"] == "float32"  # outcomes reproduce per dtype: every record says which

@@ -13,7 +13,8 @@ from datamodules import TaskStreamDataModule
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.envs.guarded import EnvFault, GuardedEnv, call_with_timeout
 from lit_ascent.models import LoraSettings, ModelConfig, load_policy
-from lit_ascent.module import OaTTTModule, OptimConfig
+from lit_ascent.module import OaTTTModule
+from lit_ascent.optim import OptimConfig
 from lit_ascent.objectives import NoUpdate, Objective
 from lit_ascent.objectives.base import LossOutput
 from lit_ascent.objectives.experience_replay import ReplayConfig
@@ -58,9 +59,9 @@ class Recorder(L.Callback):
         self.rows: list[dict] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        episode, stats = pl_module.last
+        outcome = outputs["outcome"]
         self.rows.append({
-            "episode": episode, "stats": stats, "env": trainer.datamodule.env.inner,
+            "episode": outcome.episode, "stats": outcome.stats, "outcome": outcome, "env": trainer.datamodule.env.inner,
             "adapter": pl_module.policy.adapter_state(),
             "optimizer": copy.deepcopy(trainer.optimizers[0].state_dict()),
             "grads": [p.grad for p in pl_module.policy.trainable_parameters()],

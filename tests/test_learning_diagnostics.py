@@ -11,6 +11,7 @@ from conftest import hand_episode
 from callbacks.diagnostics import CollapseDiagnostics, action_positions
 from lit_ascent.envs.base import action_span, action_token_mask
 from lit_ascent.metrics import action_drift, repeated_actions
+from lit_ascent.outcome import TaskOutcome
 
 
 @pytest.mark.parametrize("actions,rate,run", [
@@ -90,6 +91,7 @@ def test_probe_set_is_fixed_and_measured_only_when_the_weights_change(policy, mo
     module = SimpleNamespace(policy=policy, counters={"updates": 0}, log_dict=lambda *a, **k: None)
     first = hand_episode(policy.tokenizer, ["Action: go north"], task_id="a")
     second = hand_episode(policy.tokenizer, ["Action: go south"], task_id="b")
+    first, second = TaskOutcome(first, "float32"), TaskOutcome(second, "float32")
     cb.on_episode(None, module, first)
     assert first.diagnostics["diagnostics/action_kl"] == 0.0  # zero fast weights: no drift, no forward
     calls = []

@@ -141,7 +141,7 @@ def test_committed_textcraft_episode_reproduces_in_float32():
     from lit_ascent.cli import main
     from lit_ascent.models import load_policy
     from lit_ascent.rollout import rollout
-    from lit_ascent.results.run_archive import read_records
+    from lit_ascent.records import read_records
 
     committed = read_records("docs/results/textcraft_efficacy/runs/base/seed1.jsonl.gz")[3]
     cli = main(["--config", "configs/textcraft/ascent.yaml", "--config", "configs/methods/base.yaml",

@@ -73,7 +73,7 @@ def test_tensor_bytes_counts_nested_tensors():
 
 def test_episode_state_round_trips(policy):
     ep = episode(policy.tokenizer, 1)
-    ep.pi_valid_only, ep.diagnostics = True, {"x": 1.0}
+    ep.pi_valid_only = True
     back = episode_from_state(episode_state(ep))
     assert back == ep
 

@@ -15,6 +15,7 @@ import pytest
 
 from callbacks.stream_checkpoint import STATE_FILE
 from callbacks.stream_stats import StreamStats, failed_update_share, window_invalid_rate
+from lit_ascent.outcome import TaskOutcome
 from lit_ascent.results import compare, paired, report, run_archive, update_stats
 
 # method -> seed -> per task (task_id, verified, turns, invalid), in stream order
@@ -298,15 +299,14 @@ def test_stream_stat_functions():
 
 
 def test_stream_stats_callback():
-    cb, logged = StreamStats(window=2), []
-    module = SimpleNamespace(log_dict=lambda d, **kw: logged.append(dict(d)))
+    cb, added = StreamStats(window=2), []
     for verified, invalid, turns, updates in [(True, 1, 2, 1), (False, 2, 2, 1), (False, 0, 4, 2), (True, 0, 2, 0)]:
-        ep = SimpleNamespace(verified=verified, num_invalid=invalid, turns=[None] * turns, diagnostics={})
-        module.last = (ep, {"updates": updates})
-        cb.on_train_batch_end(None, module, None, None, 0)
-    assert [d["stream/invalid_rate_window"] for d in logged] == pytest.approx([0.5, 0.75, 2 / 6, 0.0])
-    assert [d["train/updates_from_failed_share"] for d in logged] == pytest.approx([0.0, 0.5, 0.75, 0.75])
-    assert ep.diagnostics == logged[-1]
+        outcome = TaskOutcome(SimpleNamespace(verified=verified, num_invalid=invalid, turns=[None] * turns),
+                              dtype="float32", stats={"updates": updates})
+        cb.on_after_update(None, None, outcome)
+        added.append(outcome.diagnostics)  # the module logs them with the task's metrics
+    assert [d["stream/invalid_rate_window"] for d in added] == pytest.approx([0.5, 0.75, 2 / 6, 0.0])
+    assert [d["train/updates_from_failed_share"] for d in added] == pytest.approx([0.0, 0.5, 0.75, 0.75])
     restored = StreamStats(window=2)
     restored.load_state_dict(cb.state_dict())
     assert restored.state_dict() == cb.state_dict()

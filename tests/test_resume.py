@@ -14,16 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from callbacks.experience_log import read_experience, run_dir, truncate_log
+from callbacks.base import EpisodeCallback, run_dir
+from callbacks.experience_log import truncate_log
 from callbacks.stream_checkpoint import load_state, resolve_resume
 from lit_ascent.cli import main
 from lit_ascent.objectives import Distillation
 from lit_ascent.objectives.base import LossOutput
+from lit_ascent.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 KILL = "LIT_ASCENT_TEST_KILL"
@@ -82,7 +83,7 @@ class RunningDistillation(Distillation):
         self.seen = state["seen"].clone()
 
 
-class KillSwitch(L.Callback):
+class KillSwitch(EpisodeCallback):
     """Test-only: SIGKILL this very process at the point named by ``$LIT_ASCENT_TEST_KILL``."""
 
     def __init__(self):
@@ -96,14 +97,14 @@ class KillSwitch(L.Callback):
         if self._at(batch[0].index, "start"):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def on_episode(self, trainer, pl_module, episode) -> None:
-        if self._at(episode.task.index, "episode"):
+    def on_episode(self, trainer, pl_module, outcome) -> None:
+        if self._at(outcome.episode.task.index, "episode"):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._at(batch[0].index, "partial_line"):  # runs before ExperienceLog writes the line
             with open(run_dir(trainer) / "experience.jsonl", "a") as f:
-                f.write(json.dumps(pl_module.last[0].summary())[:40])  # no newline: cut mid-write
+                f.write(json.dumps(outputs["outcome"].record)[:40])  # no newline: cut mid-write
             (run_dir(trainer) / "stream_state.pt.tmp").write_bytes(b"half a checkpoint")
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -138,7 +139,7 @@ def fit_cli(args: list[str], kill: str = "") -> int:
 
 def outcomes(folder: Path) -> list[dict]:
     """Per-task records of the experience log, minus timings."""
-    return [{k: v for k, v in r.items() if k != "timings"} for r in read_experience(folder / "experience.jsonl")]
+    return [{k: v for k, v in r.items() if k != "timings"} for r in read_records(folder / "experience.jsonl")]
 
 
 def curves(folder: Path, keys=("stream/success", "stream/success_rate", "train/updates")) -> dict:
@@ -248,7 +249,7 @@ def test_resolve_resume_errors_name_the_path(tmp_path):
 def test_partial_last_line_is_dropped(tmp_path):
     log = tmp_path / "experience.jsonl"
     log.write_text('{"task_index": 0}\n{"task_index": 1}\n{"task_ind')
-    assert [r["task_index"] for r in read_experience(log)] == [0, 1]
+    assert [r["task_index"] for r in read_records(log)] == [0, 1]
     offset, size = len('{"task_index": 0}\n'), log.stat().st_size
     assert truncate_log(log, offset) == size - offset
     assert log.read_text() == '{"task_index": 0}\n'

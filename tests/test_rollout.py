@@ -1,9 +1,10 @@
 """Rollout records: token roles, turn spans, invalid turns, observations."""
 from __future__ import annotations
 
+from lit_ascent.chat import observation_template
 from lit_ascent.envs import ScriptedEnv, parse_action
 from lit_ascent.envs.base import StepResult, TextEnv
-from lit_ascent.rollout import NO_ACTION, RolloutConfig, observation_template, rollout
+from lit_ascent.rollout import NO_ACTION, RolloutConfig, rollout
 from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, Task
 
 

@@ -11,7 +11,8 @@ from transformers import DynamicCache
 
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.engines.hf import GrowingLayer, IncrementalDecoder, growing_cache
-from lit_ascent.rollout import RolloutConfig, adapter_is_zero, rollout, skip_zero_adapter
+from lit_ascent.models import adapter_is_zero, skip_zero_adapter
+from lit_ascent.rollout import RolloutConfig, rollout
 
 
 class FullRecompute:

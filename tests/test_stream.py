@@ -5,9 +5,11 @@ import lightning as L
 import torch
 
 from callbacks import EpisodeCallback, InvalidTurnFilter, VerificationGate
-from datamodules import TaskStreamDataModule, stream_order
+from datamodules import TaskStreamDataModule
+from lit_ascent.stream_order import stream_order
 from lit_ascent.envs import ScriptedEnv
-from lit_ascent.module import OaTTTModule, OptimConfig
+from lit_ascent.module import OaTTTModule
+from lit_ascent.optim import OptimConfig
 from lit_ascent.objectives import Distillation
 from lit_ascent.rollout import RolloutConfig
 from lit_ascent.trajectory import Task
@@ -24,9 +26,9 @@ class Recorder(EpisodeCallback):
     def __init__(self):
         self.at_rollout, self.after_update, self.order = [], [], []
 
-    def on_episode(self, trainer, pl_module, episode):
+    def on_episode(self, trainer, pl_module, outcome):
         self.at_rollout.append(_flat(pl_module.policy.adapter_state()))
-        self.order.append((episode.task.index, episode.verified))
+        self.order.append((outcome.episode.task.index, outcome.episode.verified))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.after_update.append(_flat(pl_module.policy.adapter_state()))

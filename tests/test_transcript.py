@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks.transcript import flat_settings
@@ -59,6 +60,10 @@ def test_debug_run_logs_each_task_transcript_and_its_settings(tmp_path):
         assert ("**SOLVED**" in text) == r["verified"] and f"in {r['turns']} turns, {r['invalid']} invalid" in text
         assert text.count("(**invalid**)") == r["invalid"]
         assert ("optimiser step" in text) == (r["updates"] > 0)
+    diagnostics = sorted(k for k in records[0] if k.startswith(("diagnostics/", "stream/invalid_rate_window")))
+    assert "diagnostics/first_token_entropy" in diagnostics and "stream/invalid_rate_window" in diagnostics
+    for key in diagnostics:  # what the episode callbacks added reaches TensorBoard, one point per task
+        assert [e.value for e in events.Scalars(key)] == pytest.approx([r[key] for r in records])
     success = sum(r["verified"] for r in records) / len(records)
     assert [(e.step, e.value) for e in events.Scalars("hp_metric")] == [(0, -1.0), (len(records), success)]
     hparams = (run / "hparams.yaml").read_text()
@@ -68,10 +73,10 @@ def test_debug_run_logs_each_task_transcript_and_its_settings(tmp_path):
 def test_learning_line_says_what_the_updates_changed():
     from callbacks.report import learning_line
 
-    base = {"verified": False, "updates": 0, "absorbed": None, "task_index": 0}
+    base = {"verified": False, "updates": 0, "update": {}, "task_index": 0}
     assert learning_line([base]) == "learning: no update"
-    records = [{**base, "verified": True, "updates": 2, "absorbed": 0.5},
-               {**base, "task_index": 1, "verified": True, "updates": 1, "absorbed": 0.25},
+    records = [{**base, "verified": True, "updates": 2, "update": {"update/absorbed_fraction": 0.5}},
+               {**base, "task_index": 1, "verified": True, "updates": 1, "update": {"update/absorbed_fraction": 0.25}},
                {**base, "task_index": 2, "diagnostics/probe_actions": 8.0, "diagnostics/action_kl": 3.1e-4,
                 "diagnostics/action_changes": 1.0}]
     assert learning_line(records) == (

@@ -350,7 +350,7 @@ def test_committed_reference_adapter_reproduces_its_reported_base_success(env_na
 
 
 def test_eval_tasks_are_the_streams_prefix():
-    from datamodules.stream import stream_order
+    from lit_ascent.stream_order import stream_order
     from lit_ascent.trajectory import Task
     from lit_ascent.warmstart.eval import eval_tasks
 

@@ -12,8 +12,8 @@ environment). Times are wall seconds between CUDA synchronisations (``bench.Cloc
 """
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +23,7 @@ from lit_ascent.bench.memory import synthetic_episode
 from lit_ascent.engines import close_engines, engine_for
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.models import LoraSettings, Policy, attach_fast_weights
+from lit_ascent.options import parse_options
 from lit_ascent.rollout import RolloutConfig
 
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -110,14 +111,25 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class CudaBenchOptions:
+    """The command line of ``python -m lit_ascent.bench.cuda``."""
+
+    out: str = "docs/results/bench_cuda"
+    """Output path without extension."""
+    device: str = "cuda"
+    """cuda (the bench) | cpu (a dry run of the bench itself)."""
+    tokens: int = 128
+    """Greedy tokens timed per engine."""
+
+    def __post_init__(self) -> None:
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA GPU here (use --device cpu for a dry run)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="docs/results/bench_cuda", help="output path without extension")
-    ap.add_argument("--device", default="cuda", help="cuda (the bench) | cpu (a dry run of the bench itself)")
-    ap.add_argument("--tokens", type=int, default=128, help="greedy tokens timed per engine")
-    args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: no CUDA GPU here (use --device cpu for a dry run)")
+    args = parse_options(CudaBenchOptions, argv, prog="python -m lit_ascent.bench.cuda",
+                         description=__doc__.split("\n\n")[0])
     result = run(args.device, args.tokens)
     save(args.out, result, markdown(result))
 

@@ -15,13 +15,14 @@ their greedy tokens must be equal (``--dtype bfloat16``: how often they are): th
 """
 from __future__ import annotations
 
-import argparse
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +31,10 @@ from lit_ascent.bench.throughput import Clock, copy_bandwidth, machine, save
 from lit_ascent.engines import close_engines, engine_for
 from lit_ascent.engines.fused import FusedSettings, FusedWeights
 from lit_ascent.models import TINY, ModelConfig, load_policy
+from lit_ascent.options import parse_options
+from lit_ascent.records import read_records
 from lit_ascent.rollout import RolloutConfig, rollout
-from lit_ascent.results.run_archive import LOG_NAME, read_records
+from lit_ascent.results.run_archive import LOG_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = "adapters/textcraft-ref"
@@ -234,18 +237,34 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class EnginesBenchOptions:
+    """The command line of ``python -m lit_ascent.bench.engines``."""
+
+    quick: bool = False
+    """Tiny model, scripted environment: the bench itself."""
+    out: str = "docs/results/bench_engines"
+    """Output path without extension."""
+    engines: list[str] = field(default_factory=lambda: ["hf", "fused", "fused+lookup"])
+    """Rows of VARIANTS, hf first (the reference the others are compared with)."""
+    episodes: int = 4
+    """Real episodes per engine."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Model dtype (float32: engines must give equal tokens; bfloat16: how often they do)."""
+    stream_tasks: int = 10
+    """Tasks of the train.py stream per engine (0: skip)."""
+
+    def __post_init__(self) -> None:
+        unknown = [e for e in self.engines if e not in VARIANTS]
+        if unknown:
+            raise ValueError(f"--engines: {', '.join(unknown)} not among {', '.join(VARIANTS)}")
+        if "hf" not in self.engines[:1]:
+            raise ValueError("--engines must start with hf (the reference the others are compared with)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny model, scripted environment: the bench itself")
-    ap.add_argument("--out", default="docs/results/bench_engines", help="output path without extension")
-    ap.add_argument("--engines", nargs="+", default=["hf", "fused", "fused+lookup"], choices=list(VARIANTS))
-    ap.add_argument("--episodes", type=int, default=4, help="real episodes per engine")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="model dtype (float32: engines must give equal tokens; bfloat16: how often they do)")
-    ap.add_argument("--stream-tasks", type=int, default=10, help="tasks of the train.py stream per engine (0: skip)")
-    args = ap.parse_args(argv)
-    if "hf" not in args.engines[:1]:
-        ap.error("--engines must start with hf (the reference the others are compared with)")
+    args = parse_options(EnginesBenchOptions, argv, prog="python -m lit_ascent.bench.engines",
+                         description=__doc__.split("\n\n")[0])
     result = run(args)
     save(args.out, result, markdown(result))
 

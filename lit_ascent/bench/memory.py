@@ -17,7 +17,6 @@ returns to the OS when freed: RSS tracks the live set, not heap left over from f
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import ctypes
@@ -25,6 +24,7 @@ import gc
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,7 +32,8 @@ import torch
 from lit_ascent.models import ModelConfig, Policy, load_policy, resolve_dtype
 from lit_ascent.objectives import Distillation
 from lit_ascent.objectives.divergences import chunked_token_divergence, token_divergence
-from lit_ascent.rollout import chat_prompt_ids
+from lit_ascent.options import parse_options
+from lit_ascent.chat import chat_prompt_ids
 from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
 
 CASES = ("disabled", "disabled_ckpt", "two_copy_ckpt", "div_chunked", "div_unchunked")
@@ -138,12 +139,26 @@ def measure_memory(cases: list[str], dtype: str, length: int) -> dict[str, dict]
         print(f"  memory {case}: {out[case].get('peak_kib', 'error')} KiB peak", flush=True)
     return out
 
+
+@dataclass
+class MemoryBenchOptions:
+    """The command line of ``python -m lit_ascent.bench.memory``."""
+
+    case: str = field(metadata={"positional": True})
+    """What is measured: one of CASES."""
+    dtype: str = "auto"
+    """Model dtype: auto | bfloat16 | float32."""
+    length: int = 1024
+    """Episode length in tokens."""
+
+    def __post_init__(self) -> None:
+        if self.case not in CASES:
+            raise ValueError(f"case must be one of {', '.join(CASES)}, got {self.case!r}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=CASES)
-    ap.add_argument("--dtype", default="auto", help="model dtype: auto | bfloat16 | float32")
-    ap.add_argument("--length", type=int, default=1024, help="episode length in tokens")
-    args = ap.parse_args(argv)
+    args = parse_options(MemoryBenchOptions, argv, prog="python -m lit_ascent.bench.memory",
+                         description=__doc__.split("\n\n")[0])
     print(json.dumps(memory_case(args.case, args.dtype, args.length)))
 
 

@@ -12,7 +12,6 @@ Target: Ray / serial <= 0.6 on 2 cores with ``--cpus-per-stream 1``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,8 +22,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lit_ascent.options import parse_options
 from lit_ascent.results.compare import REPO, plan
-from lit_ascent.results.run_archive import LOG_NAME, read_records
+from lit_ascent.records import read_records
+from lit_ascent.results.run_archive import LOG_NAME
 
 TARGET = 0.6
 
@@ -127,15 +128,25 @@ def markdown(r: dict, quick: bool) -> str:
         *[f"- {executor}: `python {cmd}`" for executor, cmd in r["commands"].items()], ""])
 
 
+@dataclass
+class RayStreamsOptions:
+    """The command line of ``python -m lit_ascent.bench.ray_streams``."""
+
+    quick: bool = False
+    """Debug config (tiny model, scripted env): the bench itself."""
+    out: str = "docs/results/bench_ray"
+    """Output path without extension."""
+    serial_threads: int | None = None
+    """OMP_NUM_THREADS of the serial run (None: torch's, all cores)."""
+
+    def __post_init__(self) -> None:
+        if self.serial_threads is not None and self.serial_threads < 1:
+            raise ValueError(f"--serial-threads must be >= 1, got {self.serial_threads}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="debug config (tiny model, scripted env): the bench itself")
-    ap.add_argument("--out", default="docs/results/bench_ray", help="output path without extension")
-    ap.add_argument("--serial-threads", type=int, default=None,
-                    help="OMP_NUM_THREADS of the serial run (default: torch's, all cores)")
-    args = ap.parse_args(argv)
-    if args.serial_threads is not None and args.serial_threads < 1:
-        ap.error(f"--serial-threads must be >= 1, got {args.serial_threads}")
+    args = parse_options(RayStreamsOptions, argv, prog="python -m lit_ascent.bench.ray_streams",
+                         description=__doc__.split("\n\n")[0])
     with tempfile.TemporaryDirectory(prefix="bench_ray_") as work:
         result = run(QUICK if args.quick else FULL, Path(work), args.serial_threads)
     result["quick"] = args.quick

@@ -12,10 +12,10 @@ observations are real) and a synthetic 1,024-token one of the same shape
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ import torch
 from lit_ascent.bench.memory import synthetic_episode
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation
+from lit_ascent.options import parse_options
 from lit_ascent.objectives.experience_replay import tensor_bytes
 from lit_ascent.trajectory import Episode
 
@@ -100,13 +101,23 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class ReplayBenchOptions:
+    """The command line of ``python -m lit_ascent.bench.replay``."""
+
+    dtype: str = "auto"
+    """Model dtype: auto | bfloat16 | float32."""
+    reps: int = 3
+    """Repetitions per measurement (median)."""
+    threads: int = 1
+    """torch intra-op threads."""
+    out: str = "docs/results/bench_replay"
+    """Output path without extension."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dtype", default="auto", help="model dtype: auto | bfloat16 | float32")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per measurement (median)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--out", default="docs/results/bench_replay", help="output path without extension")
-    args = ap.parse_args(argv)
+    args = parse_options(ReplayBenchOptions, argv, prog="python -m lit_ascent.bench.replay",
+                         description=__doc__.split("\n\n")[0])
     torch.set_num_threads(args.threads)
     policy = load_policy(ModelConfig(dtype=args.dtype, warm_start_adapter="adapters/textcraft-ref"))
     dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")

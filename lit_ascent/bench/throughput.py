@@ -13,7 +13,6 @@ measured in child processes (``lit_ascent.bench.memory``). Writes ``<out>.json``
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import json
@@ -21,6 +20,7 @@ import os
 import platform
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,11 +29,12 @@ from lit_ascent.attention import use_packed_gqa
 from lit_ascent.bench.memory import CASES, measure_memory, synthetic_episode
 from lit_ascent.envs.base import StepResult, TextEnv
 from lit_ascent.evaluate import evaluate
-from lit_ascent.models import ModelConfig, Policy, load_policy
+from lit_ascent.models import ModelConfig, Policy, load_policy, skip_zero_adapter
 from lit_ascent.objectives import Distillation
+from lit_ascent.options import parse_options
 from lit_ascent.privileged import teacher_sequence
 from lit_ascent.engines.hf import IncrementalDecoder
-from lit_ascent.rollout import EpisodeRun, RolloutConfig, rollout, skip_zero_adapter
+from lit_ascent.rollout import EpisodeRun, RolloutConfig, rollout
 from lit_ascent.trajectory import Episode, Task
 
 TARGETS = {"reuse_speedup_20": 2.0, "decode_of_bound": 0.6, "update_of_matmul": 0.5,
@@ -336,13 +337,23 @@ def run(quick: bool, dtype: str) -> dict:
     return r
 
 
+@dataclass
+class ThroughputBenchOptions:
+    """The command line of ``python -m lit_ascent.bench``."""
+
+    quick: bool = False
+    """Smaller sizes (a few minutes)."""
+    out: str = "docs/results/bench"
+    """Output path without extension."""
+    threads: int = 1
+    """torch intra-op threads (1: fair on a shared CPU)."""
+    dtype: str = "auto"
+    """Model dtype: auto | bfloat16 | float32."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes)")
-    ap.add_argument("--out", default="docs/results/bench", help="output path without extension")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: fair on a shared CPU)")
-    ap.add_argument("--dtype", default="auto", help="model dtype: auto | bfloat16 | float32")
-    args = ap.parse_args(argv)
+    args = parse_options(ThroughputBenchOptions, argv, prog="python -m lit_ascent.bench",
+                         description=__doc__.split("\n\n")[0])
     torch.set_num_threads(args.threads)
     result = run(args.quick, args.dtype)
     save(args.out, result, markdown(result))

@@ -3,6 +3,8 @@
 Each turn pre-fills only the tokens the cache has not seen (the previous stop
 token and the new observation), never the whole history again. Exact for any
 causal LM transformers loads; the other engines are tested against it.
+``BatchedDecoder`` is the same decoding for B independent episodes over one
+batch cache (the batched evaluation, ``lit_ascent.evaluate``).
 """
 from __future__ import annotations
 
@@ -74,6 +76,76 @@ class IncrementalDecoder(GreedyDecoder):
         self.seen += ids.shape[1]
         self.unfed = []
         return out.logits[0, -1]
+
+
+class BatchedDecoder:
+    """Greedy decoding of B independent sequences over one batch KV cache.
+
+    Rows share cache *slots*, not positions: every forward adds the same number
+    of slots to all rows. A row with fewer ids to feed is left-padded, a row
+    that already stopped gets a masked slot (a hole); position ids count each
+    row's real tokens only, so every row computes what it would compute alone.
+    """
+
+    def __init__(self, model, stop_ids: set[int], rows: int, pad_id: int = 0):
+        self.model, self.stop_ids, self.pad_id = model, stop_ids, pad_id
+        self.cache = growing_cache()
+        self.mask = torch.zeros((rows, 0), dtype=torch.long)  # (B, slots): 1 = a real token
+        self.seen = [0] * rows
+        self.unfed: list[list[int]] = [[] for _ in range(rows)]
+
+    def extend(self, row: int, ids: list[int]) -> None:
+        self.unfed[row].extend(ids)
+
+    def keep(self, rows: list[int]) -> None:
+        """Drop every row not in ``rows`` (finished episodes); the kept rows are renumbered 0..len-1."""
+        index = torch.tensor(rows, dtype=torch.long)
+        for layer in self.cache.layers:
+            layer.batch_select_indices(index)
+        self.mask = self.mask[index]
+        self.seen = [self.seen[r] for r in rows]
+        self.unfed = [self.unfed[r] for r in rows]
+
+    @torch.no_grad()
+    def _forward(self, feeds: list[list[int]]) -> torch.Tensor:
+        """Feed ``feeds[i]`` to row i (left-padded to one width); (B, V) logits of each row's last slot."""
+        width = max(len(f) for f in feeds)
+        ids = torch.full((len(feeds), width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros_like(ids)
+        pos = torch.tensor(self.seen, dtype=torch.long)[:, None].repeat(1, width)  # pads: any valid position
+        for i, f in enumerate(feeds):
+            if f:
+                ids[i, width - len(f):] = torch.tensor(f)
+                new_mask[i, width - len(f):] = 1
+                pos[i, width - len(f):] = torch.arange(self.seen[i], self.seen[i] + len(f))
+                self.seen[i] += len(f)
+        self.mask = torch.cat([self.mask, new_mask], dim=1)
+        slots = self.mask.shape[1]
+        device = self.model.device
+        out = self.model(input_ids=ids.to(device), attention_mask=self.mask.to(device),
+                         position_ids=pos.to(device), past_key_values=self.cache, use_cache=True,
+                         cache_position=torch.arange(slots - width, slots, device=device), logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def generate(self, budgets: list[int], should_stop: list) -> list[tuple[list[int], bool]]:
+        """Per row: greedy tokens until a stop id (closed=True), ``should_stop[i]`` or ``budgets[i]``."""
+        rows = len(budgets)
+        outs: list[list[int]] = [[] for _ in range(rows)]
+        closed, live = [False] * rows, [b > 0 for b in budgets]
+        pending, self.unfed = self.unfed, [[] for _ in range(rows)]
+        while any(live):
+            tokens = self._forward([p if on else [] for p, on in zip(pending, live)]).argmax(-1).tolist()
+            for i in range(rows):
+                if not live[i]:
+                    continue
+                outs[i].append(tokens[i])
+                pending[i] = [tokens[i]]
+                if tokens[i] in self.stop_ids:
+                    closed[i], live[i] = True, False
+                elif (should_stop[i] is not None and should_stop[i](outs[i])) or len(outs[i]) >= budgets[i]:
+                    live[i] = False
+        self.unfed = pending  # each row's last token is fed with its next observation
+        return list(zip(outs, closed))
 
 
 class HFEngine(Engine):

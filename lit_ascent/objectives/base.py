@@ -25,7 +25,6 @@ class LossOutput:
 class Objective:
     """Base class: subclasses implement ``loss`` (and ``prepare`` if they use a teacher)."""
 
-    name = "objective"
     updates = True
     """False for the evaluation-only row (no optimiser step ever)."""
     replayable = True
@@ -53,7 +52,6 @@ class Objective:
 class NoUpdate(Objective):
     """The base-model row: the stream is only evaluated, the adapter never moves."""
 
-    name = "none"
     updates = False
 
     def loss(self, policy, episode, prepared):

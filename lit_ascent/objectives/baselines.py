@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from lit_ascent.objectives.base import LossOutput, Objective, student_targets
 from lit_ascent.objectives.distillation import Distillation
-from lit_ascent.objectives.divergences import reverse_kl
+from lit_ascent.objectives.divergences import checkpointed_chunks, reverse_kl
 from lit_ascent.objectives.losses import (KL_ESTIMATORS, RunningMoments, masked_mean, policy_gradient_loss,
                                           sampled_kl, sampled_logprobs)
 from lit_ascent.privileged import render_privileged, teacher_sequence
@@ -49,14 +48,7 @@ def chunked_sampled_logprobs(hidden: Tensor, targets: Tensor, head, chunk_size: 
 
     if initial_hidden is not None:
         initial_hidden = initial_hidden.detach()
-    if hidden.shape[0] == 0:
-        out = chunk_terms(hidden, targets, initial_hidden)
-    else:
-        out = torch.cat([
-            checkpoint(chunk_terms, hidden[s: s + chunk_size], targets[s: s + chunk_size],
-                       None if initial_hidden is None else initial_hidden[s: s + chunk_size], use_reentrant=False)
-            for s in range(0, hidden.shape[0], chunk_size)
-        ])  # (N, 1 or 2)
+    out = checkpointed_chunks(chunk_terms, hidden, targets, initial_hidden, chunk_size=chunk_size)  # (N, 1 or 2)
     return out[:, 0], (out[:, 1] if initial_hidden is not None else None)
 
 
@@ -98,8 +90,6 @@ class Imitation(_SampledTokens):
     L = -1/N sum_n log p^phi(y_n | prefix) + kl_weight * 1/N sum_n KL(p^phi_n || p_theta0_n).
     Gated: online RFT; ungated: online imitation; kl_weight > 0: RFT + KL.
     """
-
-    name = "imitation"
 
     def __init__(self, kl_weight: float = 0.0, chunk_size: int = 256):
         """
@@ -143,7 +133,6 @@ class Reinforce(_SampledTokens):
     advantage was fixed against an older baseline (importance weights would be needed).
     """
 
-    name = "reinforce"
     replayable = False
 
     def __init__(self, chunk_size: int = 256):
@@ -196,8 +185,6 @@ class ReinforcePP(Reinforce):
     """REINFORCE++ at batch size 1: A = (v_i - mean) / std over earlier rewards,
     L = -A * mean_n log p^phi(y_n) + kl_weight * mean_n k3(log p^phi(y_n) - log p_theta0(y_n))."""
 
-    name = "reinforce_pp"
-
     def __init__(self, kl_weight: float = 0.01, kl_estimator: str = "k3", chunk_size: int = 256):
         """
         Args:
@@ -235,8 +222,6 @@ class TTOPSD(Distillation):
     the first user message, then the identical episode ids up to the end of
     turn t. One teacher forward per turn; the student side is ASCENT's.
     """
-
-    name = "tt_opsd"
 
     def turn_teacher_ids(self, tokenizer, episode, turn) -> tuple[list[int], int]:
         """(teacher ids up to the end of ``turn``, offset) with only ``turn`` as PI."""

@@ -17,8 +17,6 @@ class Distillation(Objective):
     the loss is the token-mean divergence over the full vocabulary.
     """
 
-    name = "ascent"
-
     def __init__(self, divergence: str = "forward_kl", beta: float = 0.5,
                  pi_content: str = "reasoning_actions", chunk_size: int = 256, teacher_top_k: int | None = None):
         """

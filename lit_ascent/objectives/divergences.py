@@ -121,6 +121,31 @@ def _check_chunking(kind: str, beta: float, chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
 
 
+def checkpointed_chunks(chunk_fn: Callable[..., Tensor], *rows: Tensor | None, chunk_size: int) -> Tensor:
+    """``chunk_fn(*rows)`` computed ``chunk_size`` rows at a time, each chunk under a non-reentrant
+    ``torch.utils.checkpoint``: autograd keeps only the chunk's inputs and rebuilds what
+    ``chunk_fn`` made from them (e.g. (chunk, V) logits) during the backward.
+
+    Args:
+        chunk_fn: (n, ...) row slices of ``rows`` -> (n, ...) output.
+        rows: tensors with the same first dimension N, sliced together; None passes through.
+        chunk_size: rows per chunk.
+    Returns:
+        The chunk outputs concatenated along dim 0, (N, ...).
+    """
+    n = rows[0].shape[0]
+    if n == 0:
+        # Empty but still attached to the head and the hidden states, so a
+        # caller's backward through an empty batch works and gives zero grads.
+        return chunk_fn(*rows)
+    outs = [
+        checkpoint(chunk_fn, *(None if t is None else t[start : start + chunk_size] for t in rows),
+                   use_reentrant=False)
+        for start in range(0, n, chunk_size)
+    ]
+    return torch.cat(outs)
+
+
 def chunked_token_divergence(
     student_hidden: Tensor,
     teacher_hidden: Tensor,
@@ -128,8 +153,6 @@ def chunked_token_divergence(
     kind: str,
     beta: float = 0.5,
     chunk_size: int = 256,
-    *,
-    teacher_head: Head | None = None,
 ) -> Tensor:
     """token_divergence(head(student_hidden), head(teacher_hidden)) without (N, V) logits.
 
@@ -145,7 +168,6 @@ def chunked_token_divergence(
         head: LM head, (n, d) -> (n, V) logits (e.g. ``nn.Linear``); gets gradients.
         kind, beta: as in ``token_divergence``.
         chunk_size: positions per chunk.
-        teacher_head: head for the teacher if it differs (default: ``head``).
     Returns:
         (N,) float32 per-position divergence, differentiable w.r.t.
         ``student_hidden`` and the parameters of ``head``.
@@ -156,65 +178,13 @@ def chunked_token_divergence(
             f"student_hidden has {student_hidden.shape[0]} positions, "
             f"teacher_hidden {teacher_hidden.shape[0]}"
         )
-    t_head = head if teacher_head is None else teacher_head
-    teacher_hidden = teacher_hidden.detach()
 
     def chunk_div(h_student: Tensor, h_teacher: Tensor) -> Tensor:
         with torch.no_grad():
-            t_logits = t_head(h_teacher)  # (n, V)
+            t_logits = head(h_teacher)  # (n, V)
         return token_divergence(head(h_student), t_logits, kind, beta)
 
-    return _chunk_loop(chunk_div, student_hidden, teacher_hidden, chunk_size)
-
-
-def chunked_divergence_to_logits(
-    student_hidden: Tensor,
-    teacher_logits: Tensor,
-    head: Head,
-    kind: str,
-    beta: float = 0.5,
-    chunk_size: int = 256,
-) -> Tensor:
-    """As ``chunked_token_divergence`` but with precomputed (N, V) teacher logits.
-
-    Only the student's (chunk, V) logits are recomputed; the teacher logits are
-    already materialised by the caller (e.g. kept in bf16), and the chunks are
-    views of them, so no extra copy is held for backward.
-    """
-    _check_chunking(kind, beta, chunk_size)
-    if student_hidden.shape[0] != teacher_logits.shape[0]:
-        raise ValueError(
-            f"student_hidden has {student_hidden.shape[0]} positions, "
-            f"teacher_logits {teacher_logits.shape[0]}"
-        )
-
-    def chunk_div(h_student: Tensor, t_logits: Tensor) -> Tensor:
-        return token_divergence(head(h_student), t_logits, kind, beta)
-
-    return _chunk_loop(chunk_div, student_hidden, teacher_logits.detach(), chunk_size)
-
-
-def _chunk_loop(
-    chunk_div: Callable[[Tensor, Tensor], Tensor],
-    student_hidden: Tensor,
-    teacher_side: Tensor,
-    chunk_size: int,
-) -> Tensor:
-    n = student_hidden.shape[0]
-    if n == 0:
-        # Empty but still attached to the head and the hidden states, so a
-        # caller's backward through an empty batch works and gives zero grads.
-        return chunk_div(student_hidden, teacher_side)
-    outs = [
-        checkpoint(
-            chunk_div,
-            student_hidden[start : start + chunk_size],
-            teacher_side[start : start + chunk_size],
-            use_reentrant=False,
-        )
-        for start in range(0, n, chunk_size)
-    ]
-    return torch.cat(outs)  # (N,)
+    return checkpointed_chunks(chunk_div, student_hidden, teacher_hidden.detach(), chunk_size=chunk_size)  # (N,)
 
 
 # --- Top-k teacher with a tail bucket (an approximation; off by default) -----------------
@@ -289,12 +259,4 @@ def chunked_topk_divergence(
     def chunk_div(h: Tensor, idx: Tensor, lq: Tensor, lt: Tensor) -> Tensor:
         return topk_tail_divergence(head(h), idx, lq, lt, kind, beta)
 
-    n = student_hidden.shape[0]
-    if n == 0:
-        return chunk_div(student_hidden, index, log_q, log_tail)
-    outs = [
-        checkpoint(chunk_div, *(t[s : s + chunk_size] for t in (student_hidden, index, log_q, log_tail)),
-                   use_reentrant=False)
-        for s in range(0, n, chunk_size)
-    ]
-    return torch.cat(outs)  # (N,)
+    return checkpointed_chunks(chunk_div, student_hidden, index, log_q, log_tail, chunk_size=chunk_size)  # (N,)

@@ -72,8 +72,6 @@ class ReSAIL(Distillation):
     token-mean distillation (the SDPO / OEL parent methods, and ASCENT online).
     """
 
-    name = "resail"
-
     def __init__(self, divergence: str = "forward_kl", beta: float = 0.5,
                  pi_content: str = "reasoning_actions", chunk_size: int = 256,
                  selection_ratio: float = 0.05, trajectory_balance: bool = True,

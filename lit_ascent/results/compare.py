@@ -29,7 +29,6 @@ failed stream from its checkpoint up to ``--max-retries`` times.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -37,17 +36,21 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from lit_ascent.results.run_archive import LOG_NAME, MARKER, STATE_FILE, archived_path, read_records
+from lit_ascent.options import flag, parse_options
+from lit_ascent.records import read_records
+from lit_ascent.results.run_archive import LOG_NAME, MARKER, STATE_FILE, archived_path
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "train.py"
 METHOD_DIRS = ("configs/methods", "configs/ablations")
 CONFIG_ERROR = 2
 """train.py's exit code for a bad config value: the same command would fail again, so it is not retried."""
-EXECUTORS = ("serial", "ray")
+Executor = Literal["serial", "ray"]
+RAY_GROUP = "Ray executor (--executor ray)"
 RAY_ONLY = ("address", "cpus_per_stream", "gpus_per_stream", "max_retries")
 """Options of the Ray executor (None unless given)."""
 # Runs ``argv[2:]`` in place of this process with no signal blocked (a Ray worker blocks SIGINT, and a child
@@ -221,50 +224,61 @@ def run_matrix(specs: list[RunSpec], env_config: Path, extra_configs: list[Path]
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env-config", type=Path, required=True, help="complete environment config")
-    p.add_argument("--methods", nargs="+", required=True,
-                   help="names in configs/methods or configs/ablations, or overlay YAML paths")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--num-tasks", type=int, default=None, help="stream length (data.num_tasks); default: config's")
-    p.add_argument("--out", type=Path, default=Path("runs/compare"))
-    p.add_argument("--extra-config", type=Path, nargs="*", default=[], action="extend",
-                   help="overlays applied after the env config and before the method")
-    p.add_argument("--fixed-stream", action="store_true",
-                   help="keep the config's data.seed for every seed (seeds then vary only the LoRA init)")
-    p.add_argument("--archive", type=Path, default=None,
-                   help="a report's archive (docs/results/<name>/runs): cells whose log is there are skipped")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    ray = p.add_argument_group("Ray executor (--executor ray)")
-    ray.add_argument("--executor", choices=EXECUTORS, default="serial",
-                     help="serial: one cell after the other, here; ray: every cell as one Ray task, all at once")
-    ray.add_argument("--address", default=None,
-                     help="Ray to use: none starts a local one; auto joins this machine's cluster; "
-                          "ray://HOST:PORT (Ray Client) or HOST:PORT (the head's GCS) joins that one")
-    ray.add_argument("--cpus-per-stream", type=float, default=None,
-                     help="CPUs Ray reserves per stream; also train.py's intra-op threads (default 1)")
-    ray.add_argument("--gpus-per-stream", type=float, default=None,
-                     help="GPUs Ray reserves per stream, fractions allowed: 0.25 puts 4 streams on a GPU (default 0)")
-    ray.add_argument("--max-retries", type=int, default=None,
-                     help="reruns of a failed stream, each from its checkpoint (default 2)")
-    args = p.parse_args(argv)
-    if args.num_tasks is not None and args.num_tasks < 1:
-        p.error(f"--num-tasks must be >= 1, got {args.num_tasks}")
-    for path in [args.env_config, *args.extra_config]:
-        if not path.is_file():
-            p.error(f"no config file {path}")
-    if args.executor == "serial":
-        given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY if getattr(args, name) is not None]
-        if given:
-            p.error(f"{', '.join(given)}: only with --executor ray")
-        return args
-    from lit_ascent.results import ray_executor  # imports ray only when it runs
+@dataclass
+class CompareOptions:
+    """The command line of ``python -m lit_ascent.results.compare``."""
 
-    problem = ray_executor.settings_error(args.address, args.cpus_per_stream, args.gpus_per_stream, args.max_retries)
-    if problem:
-        p.error(problem)
-    return args
+    env_config: Path
+    """Complete environment config."""
+    methods: list[str]
+    """Names in configs/methods or configs/ablations, or overlay YAML paths."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """Seeds: each sets seed_everything and, unless --fixed-stream, data.seed."""
+    num_tasks: int | None = None
+    """Stream length (data.num_tasks); None: the config's."""
+    out: Path = Path("runs/compare")
+    """Folder of the run folders, OUT/<method>/seed<k>."""
+    extra_config: list[Path] = field(default_factory=list, metadata={"nargs": "*", "action": "extend"})
+    """Overlays applied after the env config and before the method."""
+    fixed_stream: bool = False
+    """Keep the config's data.seed for every seed (seeds then vary only the LoRA init)."""
+    archive: Path | None = None
+    """A report's archive (docs/results/<name>/runs): cells whose log is there are skipped."""
+    dry_run: bool = False
+    """Print the commands, run nothing."""
+    executor: Executor = field(default="serial", metadata={"group": RAY_GROUP})
+    """serial: one cell after the other, here; ray: every cell as one Ray task, all at once."""
+    address: str | None = field(default=None, metadata={"group": RAY_GROUP})
+    """Ray to use: None starts a local one; auto joins this machine's cluster; ray://HOST:PORT (Ray Client)
+    or HOST:PORT (the head's GCS) joins that one."""
+    cpus_per_stream: float | None = field(default=None, metadata={"group": RAY_GROUP})
+    """CPUs Ray reserves per stream; also train.py's intra-op threads (None: RaySettings' default)."""
+    gpus_per_stream: float | None = field(default=None, metadata={"group": RAY_GROUP})
+    """GPUs Ray reserves per stream, fractions allowed: 0.25 puts 4 streams on a GPU (None: RaySettings' default)."""
+    max_retries: int | None = field(default=None, metadata={"group": RAY_GROUP})
+    """Reruns of a failed stream, each from its checkpoint (None: RaySettings' default)."""
+
+    def __post_init__(self) -> None:
+        if self.num_tasks is not None and self.num_tasks < 1:
+            raise ValueError(f"--num-tasks must be >= 1, got {self.num_tasks}")
+        for path in [self.env_config, *self.extra_config]:
+            if not path.is_file():
+                raise ValueError(f"no config file {path}")
+        if self.executor == "serial":
+            given = [flag(name) for name in RAY_ONLY if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with --executor ray")
+            return
+        from lit_ascent.results import ray_executor  # imports ray only when it runs
+
+        problem = ray_executor.settings_error(self.address, self.cpus_per_stream, self.gpus_per_stream,
+                                              self.max_retries)
+        if problem:
+            raise ValueError(problem)
+
+
+def parse_args(argv: list[str] | None = None) -> CompareOptions:
+    return parse_options(CompareOptions, argv, prog="python -m lit_ascent.results.compare", description=__doc__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,6 @@ folders' experience logs: on a cluster ``--out`` must be storage that every node
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -65,7 +64,8 @@ class RaySettings:
     """Seconds between looks at the run folders for progress."""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RaySettings:
+    def from_args(cls, args: compare.CompareOptions) -> RaySettings:
+        """The settings given on the command line; RaySettings' defaults for the others."""
         given = {k: getattr(args, k) for k in compare.RAY_ONLY}
         return cls(**{k: v for k, v in given.items() if v is not None})
 

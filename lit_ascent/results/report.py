@@ -20,14 +20,14 @@ run to the tasks all runs of its seed have finished.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from callbacks.report import summarize
-from lit_ascent.evaluate import record_rates
+from lit_ascent.options import parse_options
+from lit_ascent.records import record_rates, summarize
 from lit_ascent.results.paired import (COUNTS, Records, Runs, format_difference, paired_counts, paired_markdown,
                                 paired_rows, paired_stats, task_matrix)
 from lit_ascent.results.run_archive import (HELDOUT_NAME, HELDOUT_SUFFIX, archive_finished, load_archive, merge_previous,
@@ -349,16 +349,24 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     return files
 
 
+@dataclass
+class ReportOptions:
+    """The command line of ``python -m lit_ascent.results.report``."""
+
+    root: Path = field(metadata={"positional": True})
+    """Folder holding <method>/<seed>/experience.jsonl."""
+    out: Path
+    """Output folder (e.g. docs/results/<name>)."""
+    base: str = "base"
+    """Method folder used as the base-model reference."""
+    common_prefix: bool = False
+    """Compare all runs on the tasks every run of the seed has finished (streams in progress)."""
+    previous: Path | None = None
+    """An earlier report's results.json: per-seed figures for runs without a log."""
+
+
 def main(argv: list[str] | None = None) -> dict[str, Path]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("root", type=Path, help="folder holding <method>/<seed>/experience.jsonl")
-    p.add_argument("--out", type=Path, required=True, help="output folder (e.g. docs/results/<name>)")
-    p.add_argument("--base", default="base", help="method folder used as the base-model reference")
-    p.add_argument("--common-prefix", action="store_true",
-                   help="compare all runs on the tasks every run of the seed has finished (streams in progress)")
-    p.add_argument("--previous", type=Path, default=None,
-                   help="an earlier report's results.json: per-seed figures for runs without a log")
-    args = p.parse_args(argv)
+    args = parse_options(ReportOptions, argv, prog="python -m lit_ascent.results.report", description=__doc__)
     files = write_report(args.root, args.out, args.base, args.common_prefix, args.previous)
     print(files["table"].read_text())
     for name, path in files.items():

@@ -10,11 +10,14 @@ Tasks are matched by stream position and must have the same task id.
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from lit_ascent.options import options_parser, parse_options
 from lit_ascent.results.paired import Records
-from lit_ascent.results.run_archive import read_records
+from lit_ascent.records import read_records
+
+PROG = "python -m lit_ascent.results.reproduce"
 
 
 def first_difference(a: list, b: list) -> int | None:
@@ -57,18 +60,28 @@ def table(rows: list[dict], labels: tuple[str, str]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class ReproduceOptions:
+    """The command line of ``python -m lit_ascent.results.reproduce``."""
+
+    logs: list[Path] = field(metadata={"positional": True, "nargs": 2})
+    """Two experience logs (.jsonl or archived .jsonl.gz)."""
+    labels: list[str] = field(default_factory=lambda: ["a", "b"], metadata={"nargs": 2})
+    """Column names of the two logs."""
+
+    def __post_init__(self) -> None:
+        for path in self.logs:
+            if not path.is_file():
+                raise ValueError(f"no such log: {path}")
+
+
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(prog="python -m lit_ascent.results.reproduce", description=__doc__.split("\n")[0])
-    p.add_argument("logs", nargs=2, type=Path, help="Two experience logs (.jsonl or archived .jsonl.gz).")
-    p.add_argument("--labels", nargs=2, default=["a", "b"], help="Column names of the two logs.")
-    args = p.parse_args(argv)
-    for path in args.logs:
-        if not path.is_file():
-            p.error(f"no such log: {path}")
+    description = __doc__.split("\n")[0]
+    args = parse_options(ReproduceOptions, argv, PROG, description)
     try:
         text = table(agreement(*(read_records(path) for path in args.logs)), tuple(args.labels))
     except ValueError as err:
-        p.error(str(err))
+        options_parser(ReproduceOptions, PROG, description).error(str(err))
     print(text)
     return text
 

@@ -13,10 +13,10 @@ from an earlier report's ``results.json`` (``merge_previous``).
 from __future__ import annotations
 
 import gzip
-import json
 from pathlib import Path
 
-from lit_ascent.results.paired import Records, Runs
+from lit_ascent.records import read_records
+from lit_ascent.results.paired import Runs
 
 MARKER = "done.json"
 """Written by compare into a run folder when the run finished its stream."""
@@ -50,13 +50,6 @@ def archive_finished(root: Path, archive: Path) -> list[Path]:
             dest.write_bytes(gzip.compress(log.read_bytes(), mtime=0))  # mtime 0: the same log, the same bytes
             written.append(dest)
     return written
-
-
-def read_records(path: Path) -> Records:
-    """One run's records (an experience log, gzipped or not) in stream order; blank lines ignored."""
-    with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rt") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return sorted(records, key=lambda r: r["task_index"])
 
 
 def load_archive(archive: Path, suffix: str = SUFFIX) -> Runs:

@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from lit_ascent.models import EMBEDDED, LoraSettings, ModelConfig, load_policy
+from lit_ascent.models import LoraSettings, ModelConfig, load_policy
+from lit_ascent.options import parse_options
 from lit_ascent.rollout import RolloutConfig
 from lit_ascent.warmstart.sources import ENVS, STREAM_BALANCE
 
@@ -52,21 +52,21 @@ class TrainArgs:
     """Passes over the demos."""
     lr: float = 5e-4
     """AdamW learning rate."""
-    rank: int = 16
+    rank: int = LoraSettings.rank
     """LoRA rank (all linear layers)."""
-    alpha: float = 32.0
+    alpha: float = LoraSettings.alpha
     """LoRA alpha."""
     seed: int = 0
     """Seed of the task order, the shuffles and the LoRA init."""
-    max_demo_tokens: int | None = None
+    max_demo_tokens: int | None = field(default=None, metadata={"aliases": ["--max-demos-tokens"]})
     """Drop demos whose token sequence is longer (None: keep all)."""
     depths: list[int] = field(default_factory=lambda: [2])
     """TextCraft goal depths (configs/textcraft/ascent.yaml uses [2])."""
     demos_jsonl: str | None = None
     """ALFWorld: planner demos from `python -m lit_ascent.warmstart.planner_cache` (valid_train)."""
-    model: str = EMBEDDED
+    model: str = ModelConfig.name_or_path
     """Base model: any ModelConfig name_or_path (tiny-random for tests)."""
-    dtype: str = "auto"
+    dtype: str = ModelConfig.dtype
     """auto (bf16 where supported) | bfloat16 | float32 | float16."""
     learn_mistakes: bool = False
     """Also clone the mistake turns of recovery demos (default: they are context only)."""
@@ -118,15 +118,16 @@ class EvalArgs:
     """TextCraft: most unneeded crafting commands shown (the stream config's data.env value)."""
     seed: int = 0
     """Seed of the task order (0 = the stream's order with data.seed 0)."""
-    max_turns: int = 30
+    max_turns: int = RolloutConfig.max_turns
     """Turn budget per episode."""
     max_new_tokens: int = 128
-    """Token budget per assistant turn (configs/textcraft/ascent.yaml uses 128)."""
+    """Token budget per assistant turn: the stream configs' value (configs/textcraft/ascent.yaml), above
+    RolloutConfig's 96 because the first plan turn is the longest."""
     batch_size: int = 1
     """Episodes decoded together (1: sequential, the stream's exact decoding)."""
-    model: str = EMBEDDED
+    model: str = ModelConfig.name_or_path
     """Base model (ModelConfig name_or_path)."""
-    dtype: str = "auto"
+    dtype: str = ModelConfig.dtype
     """Model dtype."""
     out: str | None = None
     """JSON output (default: <adapter>/eval_<env>.json, else warmstart_eval_<env>.json)."""
@@ -157,49 +158,13 @@ class EvalArgs:
         return Path(self.adapter or ".") / (f"eval_{self.env}.json" if self.adapter else f"warmstart_eval_{self.env}.json")
 
 
-def _add_fields(parser: argparse.ArgumentParser, cls) -> None:
-    """One option per dataclass field, typed, with the attribute docstring as help."""
-    hints = {f.name: f for f in dataclasses.fields(cls)}
-    for name, f in hints.items():
-        flag = "--" + name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        kind = str(f.type)
-        if kind == "bool":
-            parser.add_argument(flag, action="store_true", help=_doc(cls, name))
-        elif kind.startswith("list[int]"):
-            parser.add_argument(flag, type=int, nargs="+", default=default, help=_doc(cls, name))
-        else:
-            typ = int if kind.startswith("int") else float if kind.startswith("float") else str
-            parser.add_argument(flag, type=typ, default=default, required=required, help=_doc(cls, name))
-    if cls is TrainArgs:  # the issue's spelling
-        parser.add_argument("--max-demos-tokens", dest="max_demo_tokens", type=int, help=argparse.SUPPRESS)
-
-
-def _doc(cls, name: str) -> str:
-    """The attribute docstring of ``cls.name`` (read from the source)."""
-    import inspect
-
-    lines = inspect.getsource(cls).splitlines()
-    for k, line in enumerate(lines):
-        if line.strip().startswith(f"{name}:") and k + 1 < len(lines):
-            return lines[k + 1].strip().strip('"')
-    return ""
-
-
 def parse(argv: list[str]) -> TrainArgs | EvalArgs:
+    """The options of ``[train] ...`` (the default command) or ``eval ...``."""
     command = "train"
     if argv and argv[0] in ("train", "eval"):
         command, argv = argv[0], argv[1:]
     cls = TrainArgs if command == "train" else EvalArgs
-    parser = argparse.ArgumentParser(prog=f"python -m lit_ascent.warmstart {command}", description=cls.__doc__)
-    _add_fields(parser, cls)
-    ns = vars(parser.parse_args(argv))
-    try:
-        return cls(**ns)
-    except ValueError as err:
-        parser.error(str(err))
+    return parse_options(cls, argv, prog=f"python -m lit_ascent.warmstart {command}")
 
 
 def run_train(args: TrainArgs, command: str) -> dict:

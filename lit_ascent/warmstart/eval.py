@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from datamodules.stream import stream_order
 from lit_ascent.envs.base import TextEnv
-from lit_ascent.evaluate import evaluate, record_rates
+from lit_ascent.evaluate import evaluate
+from lit_ascent.records import record_rates
 from lit_ascent.rollout import RolloutConfig
+from lit_ascent.stream_order import stream_order
 from lit_ascent.trajectory import Episode, Task
 from lit_ascent.warmstart.demos import Script, check_replay, privileged_block
 

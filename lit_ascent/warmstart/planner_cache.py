@@ -9,14 +9,15 @@ refused: their planner solutions must never reach training.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from lit_ascent.envs.alfworld import ALFWorldEnv
+from lit_ascent.options import parse_options
 
 DEMO_SPLITS = ("valid_train",)
 
@@ -77,18 +78,30 @@ def write_demos(out: str | Path, split: str = "valid_train", limit: int | None =
     return written
 
 
+@dataclass
+class PlannerCacheOptions:
+    """The command line of ``python -m lit_ascent.warmstart.planner_cache``."""
+
+    out: str
+    """Output JSONL file (appended to, resumable)."""
+    split: str = "valid_train"
+    """Game split (only valid_train is allowed)."""
+    limit: int | None = None
+    """Only the first N games of the split."""
+    data_root: str | None = None
+    """Folder holding json_2.1.1/ (None: see ALFWorldEnv)."""
+
+    def __post_init__(self) -> None:
+        if self.split not in DEMO_SPLITS:
+            raise ValueError(f"--split {self.split!r} refused: planner demonstrations are only cached for "
+                             f"{', '.join(DEMO_SPLITS)}; valid_seen / valid_unseen are evaluation streams")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError("--limit must be >= 1")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_ascent.warmstart.planner_cache", description=__doc__.split("\n")[0])
-    parser.add_argument("--split", default="valid_train", help="Game split (only valid_train is allowed).")
-    parser.add_argument("--out", required=True, help="Output JSONL file (appended to, resumable).")
-    parser.add_argument("--limit", type=int, default=None, help="Only the first N games of the split.")
-    parser.add_argument("--data-root", default=None, help="Folder holding json_2.1.1/ (default: see ALFWorldEnv).")
-    args = parser.parse_args(argv)
-    if args.split not in DEMO_SPLITS:
-        parser.error(f"--split {args.split!r} refused: planner demonstrations are only cached for "
-                     f"{', '.join(DEMO_SPLITS)}; valid_seen / valid_unseen are evaluation streams")
-    if args.limit is not None and args.limit < 1:
-        parser.error("--limit must be >= 1")
+    args = parse_options(PlannerCacheOptions, argv, prog="python -m lit_ascent.warmstart.planner_cache",
+                         description=__doc__.split("\n")[0])
     written = write_demos(args.out, args.split, args.limit, args.data_root)
     print(f"wrote {written} demonstrations to {args.out}", file=sys.stderr)
     return 0

@@ -5,11 +5,11 @@ ALFWorld trains on ``valid_train`` planner demos and evaluates on ``valid_seen``
 """
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from lit_ascent.envs.base import TextEnv
+from lit_ascent.stream_order import stream_order
 from lit_ascent.trajectory import Task
 from lit_ascent.warmstart.demos import Script
 
@@ -28,12 +28,6 @@ class DemoSource:
     scripts: dict[str, Callable[[Task, int], Script | None]]
 
 
-def seeded_order(tasks: list[Task], seed: int) -> list[Task]:
-    order = list(tasks)
-    random.Random(seed).shuffle(order)
-    return order
-
-
 def textcraft_training(depths: list[int], seed: int) -> DemoSource:
     from lit_ascent.envs.textcraft import TextCraftEnv
     from lit_ascent.warmstart.textcraft_demos import TextCraftScripts
@@ -41,7 +35,7 @@ def textcraft_training(depths: list[int], seed: int) -> DemoSource:
     env = TextCraftEnv(depths=depths, split="train")
     scripts = TextCraftScripts(env)
     kinds = {"plain": scripts.plain, "recovery": scripts.recovery, "hindsight": scripts.plain}
-    return DemoSource(env, seeded_order(env.tasks(), seed), kinds)
+    return DemoSource(env, stream_order(env.tasks(), seed), kinds)
 
 
 def alfworld_training(demos_jsonl: str | None, seed: int) -> DemoSource:
@@ -64,7 +58,7 @@ def alfworld_training(demos_jsonl: str | None, seed: int) -> DemoSource:
                               {r["game"]: r["observations"][0] for r in records})
     tasks = [record_task(r, i) for i, r in enumerate(records)]
     kinds = {"plain": scripts.plain, "recovery": scripts.recovery, "hindsight": scripts.plain}
-    return DemoSource(env, seeded_order(tasks, seed), kinds)
+    return DemoSource(env, stream_order(tasks, seed), kinds)
 
 
 def training_source(env: str, depths: list[int], seed: int, demos_jsonl: str | None = None) -> DemoSource:

@@ -18,6 +18,7 @@ import torch
 
 from lit_ascent.objectives.base import student_targets
 from lit_ascent.objectives.losses import token_nll
+from lit_ascent.optim import guarded_step
 from lit_ascent.warmstart.demos import Demo
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def mean_bc_loss(policy, demos: list[Demo], learn_mistakes: bool = False) -> flo
 def train_adapter(policy, demos: list[Demo], epochs: int = 1, lr: float = 5e-4, seed: int = 0,
                   weight_decay: float = 0.0, grad_clip: float = 1.0, learn_mistakes: bool = False,
                   log_every: int = 10) -> dict:
-    """Behaviour cloning, one demo per step, demos shuffled each epoch; returns the training figures."""
+    """Behaviour cloning, one demo per step, demos shuffled each epoch; returns the training figures
+    (``steps``: the steps taken; a demo with a non-finite loss or gradient is skipped, see ``guarded_step``)."""
     if not demos:
         raise ValueError("warmstart: no demonstrations to train on")
     params = policy.trainable_parameters()
@@ -70,12 +72,12 @@ def train_adapter(policy, demos: list[Demo], epochs: int = 1, lr: float = 5e-4, 
         epoch_loss, epoch_targets = 0.0, 0
         for k in order:
             loss, n_targets, n_tokens = bc_loss(policy, demos[k], learn_mistakes)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            optim.step()
-            step, tokens = step + 1, tokens + n_tokens
+            tokens += n_tokens
+            if not guarded_step(optim, params, [loss], grad_clip).stepped:
+                log.warning("epoch %d: demo of %r skipped: non-finite loss or gradient", epoch,
+                            demos[k].episode.task.task_id)
+                continue
+            step += 1
             epoch_loss, epoch_targets = epoch_loss + float(loss.detach()) * n_targets, epoch_targets + n_targets
             if step % log_every == 0:
                 rate = tokens / (time.perf_counter() - t0)
