@@ -66,7 +66,8 @@ def cast_weights(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
 def episode_records(episodes: list[Episode], model: str, tasks_seen: int) -> list[dict]:
     """One JSON-ready record per held-out episode."""
     return [{"model": model, "tasks_seen": tasks_seen, "task_index": e.task.index, "task_id": e.task.task_id,
-             "verified": e.verified, "turns": len(e.turns), "invalid": e.num_invalid, "error": e.error}
+             "verified": e.verified, "turns": len(e.turns), "invalid": e.num_invalid, "actions": e.actions,
+             "error": e.error}
             for e in episodes]
 
 

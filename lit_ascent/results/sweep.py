@@ -1,0 +1,166 @@
+"""The efficacy study's proxy sweep: one row per update setting, from playback cells.
+
+A cell is one ``train.py fit`` run that replays a recorded stream (``model.playback.log``) with one
+update setting and then plays the held-out set with its frozen fast weights
+(``scripts/efficacy_proxy.sh`` runs a grid of them). Its folder is ``<root>/<cell>``, named
+``base`` (no update) or ``<method>_lr<lr>_s<steps>_k<k>`` (lr, optimiser steps per verified
+episode, replay k), and holds ``done`` once the run finished. Finished cells are archived as
+``<archive>/<cell>.jsonl.gz`` (the stream's records), ``<cell>.heldout.jsonl.gz`` and
+``<cell>.train.log.gz``, so the sweep outlives ``runs/``; the table is built from the archive.
+
+    python -m lit_ascent.results.sweep --root runs/efficacy_proxy --archive docs/results/efficacy/proxy \\
+        --out docs/results/efficacy/sweep
+
+Each row: held-out success against the base cell's (paired on the same tasks: McNemar's exact p and
+the 95% interval of the difference), held-out turns, invalid-action and repeated-action rates (the
+collapse diagnostics), the updates and the share of each episode's loss they absorbed, the action
+drift on the probe set before the last task, and the update's CPU seconds. ``chosen`` applies the
+plan's rule (docs/results/efficacy/PLAN.md): highest held-out success, then the lower action drift,
+then the smaller budget lr x steps x (1 + k).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from lit_ascent.metrics import repeated_actions
+from lit_ascent.options import parse_options
+from lit_ascent.records import read_records, record_rates
+from lit_ascent.results.paired import format_difference, paired_counts, paired_stats
+from lit_ascent.results.run_archive import HELDOUT_NAME, HELDOUT_SUFFIX, LOG_NAME, SUFFIX
+
+BASE = "base"
+CELL = re.compile(r"(?P<method>[a-z_]+?)_lr(?P<lr>[0-9.]+(?:e-?\d+)?)_s(?P<steps>\d+)_k(?P<k>\d+)")
+LOG_SUFFIX = ".train.log.gz"
+ARCHIVED = {LOG_NAME: SUFFIX, HELDOUT_NAME: HELDOUT_SUFFIX, "train.log": LOG_SUFFIX}
+"""File of a cell's run -> its suffix in the archive."""
+
+
+def setting(cell: str) -> dict:
+    """{method, lr, steps, k} from a cell's name (the base: method 'base', no update)."""
+    if cell == BASE:
+        return {"method": BASE, "lr": 0.0, "steps": 0, "k": 0}
+    m = CELL.fullmatch(cell)
+    if m is None:
+        raise ValueError(f"sweep: cell name {cell!r} is neither {BASE!r} nor <method>_lr<lr>_s<steps>_k<k>")
+    return {"method": m["method"], "lr": float(m["lr"]), "steps": int(m["steps"]), "k": int(m["k"])}
+
+
+def archive_cells(root: Path, archive: Path) -> list[Path]:
+    """Copy every finished cell's files under ``root`` into ``archive`` (gzipped); returns the files written."""
+    written = []
+    for done in sorted(Path(root).glob("*/done")):
+        cell = done.parent
+        setting(cell.name)  # a folder that is no cell fails here, by name
+        for name, suffix in ARCHIVED.items():
+            found = sorted(cell.rglob(name))
+            if found:
+                dest = Path(archive) / f"{cell.name}{suffix}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(gzip.compress(found[0].read_bytes(), mtime=0))
+                written.append(dest)
+    return written
+
+
+def load_cells(archive: Path) -> dict[str, tuple[list[dict], list[dict]]]:
+    """{cell: (stream records, held-out records)} of the archived cells that have held-out records."""
+    cells = {}
+    for path in sorted(Path(archive).glob(f"*{HELDOUT_SUFFIX}")):
+        name = path.name[:-len(HELDOUT_SUFFIX)]
+        stream = Path(archive) / f"{name}{SUFFIX}"
+        cells[name] = (read_records(stream) if stream.is_file() else [], read_records(path))
+    return cells
+
+
+def cell_row(cell: str, stream: list[dict], heldout: list[dict], base: list[dict] | None) -> dict:
+    """The sweep's row of one cell (see the module docstring); ``base``: the base cell's held-out records."""
+    adapted = [r for r in heldout if r.get("model", "adapted") == "adapted"]
+    rates = record_rates(adapted)
+    with_actions = [r["actions"] for r in adapted if "actions" in r]
+    updating = [r for r in stream if r.get("updates")]
+    absorbed = [a for r in updating if (a := r.get("update", {}).get("update/absorbed_fraction")) is not None]
+    drift = [r for r in stream if "diagnostics/action_kl" in r]
+    row = {"cell": cell, **setting(cell), "solved": sum(r["verified"] for r in adapted), "tasks": len(adapted),
+           "success": rates["success_rate"], "turns": rates["turns"], "invalid_rate": rates["invalid_rate"],
+           "repeat_rate": (sum(repeated_actions(a)["diagnostics/repeat_action_rate"] for a in with_actions)
+                           / len(with_actions)) if with_actions else None,
+           "updates": sum(r.get("updates", 0) for r in stream),
+           "absorbed": sum(absorbed) / len(absorbed) if absorbed else None,
+           "action_kl": drift[-1]["diagnostics/action_kl"] if drift else None,
+           "action_changes": drift[-1].get("diagnostics/action_changes") if drift else None,
+           "update_s": sum(r.get("timings", {}).get("update_s", 0.0) for r in stream)}
+    if base is not None and cell != BASE:
+        counts = paired_counts(adapted, base)
+        row.update(counts=counts, **paired_stats(counts))
+    return row
+
+
+def budget(row: dict) -> float:
+    """The update budget of a setting: lr x steps x (1 + k)."""
+    return row["lr"] * row["steps"] * (1 + row["k"])
+
+
+def chosen(rows: list[dict], method: str) -> dict | None:
+    """The plan's choice among ``method``'s rows: highest held-out success, then the lower action drift
+    (a missing drift counts as none), then the smaller budget."""
+    mine = [r for r in rows if r["method"] == method]
+    return min(mine, key=lambda r: (-r["success"], r["action_kl"] or 0.0, budget(r)), default=None)
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def sweep_markdown(rows: list[dict]) -> str:
+    """The sweep table, one row per cell (base first, then by method and budget), and each method's choice."""
+    rows = sorted(rows, key=lambda r: (r["method"] != BASE, r["method"], budget(r), r["lr"], r["steps"], r["k"]))
+    lines = ["| cell | lr | steps | k | held-out | vs base, points [95% CI] | p | turns | invalid | repeat "
+             "| updates | absorbed | action KL | changed | update s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        vs = (format_difference(r), f"{r['p']:.3g}") if "p" in r else ("-", "-")
+        lines.append(f"| {r['cell']} | {r['lr']:g} | {r['steps']} | {r['k']} | {r['solved']}/{r['tasks']} "
+                     f"| {vs[0]} | {vs[1]} | {r['turns']:.1f} | {r['invalid_rate']:.1%} | {_num(r['repeat_rate'], '.1%')} "
+                     f"| {r['updates']} | {_num(r['absorbed'], '.0%')} | {_num(r['action_kl'], '.2g')} "
+                     f"| {_num(r['action_changes'], '.0f')} | {r['update_s']:.0f} |")
+    methods = sorted({r["method"] for r in rows} - {BASE})
+    count = {m: sum(r["method"] == m for r in rows) for m in methods}
+    lines += ["", *(f"- chosen for {m} among its {count[m]} cell(s) here: {chosen(rows, m)['cell']}" for m in methods)]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class SweepOptions:
+    """The command line of ``python -m lit_ascent.results.sweep``."""
+
+    root: str | None = None
+    """Folder of live cells (``<root>/<cell>``, e.g. runs/efficacy_proxy); finished ones are archived first."""
+    archive: str = "docs/results/efficacy/proxy"
+    """Where the cells are kept (and read from)."""
+    out: str = "docs/results/efficacy/sweep"
+    """Output path without extension: ``.md`` (the table) and ``.json`` (the rows)."""
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse_options(SweepOptions, argv, "python -m lit_ascent.results.sweep", __doc__.split("\n\n")[0])
+    if args.root:
+        archive_cells(Path(args.root), Path(args.archive))
+    cells = load_cells(Path(args.archive))
+    if not cells:
+        raise SystemExit(f"sweep: no archived cell with held-out records in {args.archive}")
+    base = cells[BASE][1] if BASE in cells else None
+    rows = [cell_row(name, stream, heldout, base) for name, (stream, heldout) in cells.items()]
+    text = sweep_markdown(rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The efficacy study's proxy cells (docs/results/efficacy/PLAN.md, step 1): each cell replays the
+# TextCraft base stream's first 20 tasks (model.playback.log) with one update setting, then plays the
+# 64 held-out goals with its frozen fast weights. Cells come from a queue file, one per line:
+#   base                      the base (no update): the initial model's held-out row
+#   <method> <lr> <steps> <k>  e.g. "ascent 1e-3 2 4" (method: a configs/methods overlay; ascent: none)
+# Workers take lines off the queue's top (a copy: cp docs/results/efficacy/queue.txt /tmp/q); several may share
+# one queue, one per core: scripts/efficacy_proxy.sh /tmp/q & scripts/efficacy_proxy.sh /tmp/q &
+# Blank lines and lines starting with # are skipped.
+# Each cell writes runs/efficacy_proxy/<cell>/ (and <cell>/done when it finished); then
+#   python -m lit_ascent.results.sweep --root runs/efficacy_proxy   archives the finished cells and writes the table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+queue=${1:?usage: scripts/efficacy_proxy.sh QUEUE [PLAYBACK_LOG]}
+log=${2:-runs/efficacy/base/seed0/experience.jsonl}
+if [ ! -f "$log" ]; then  # the archived base stream (seed 0, 40 tasks, with turn texts)
+  mkdir -p "$(dirname "$log")" && zcat docs/results/efficacy/runs/base/seed0.jsonl.gz > "$log"
+fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+while true; do
+  while ! mkdir "$queue.lock" 2>/dev/null; do sleep 1; done
+  if [ ! -s "$queue" ]; then rmdir "$queue.lock"; exit 0; fi
+  line=$(head -n1 "$queue"); sed -i 1d "$queue"
+  rmdir "$queue.lock"
+  case "$line" in ''|'#'*) continue ;; esac
+  read -r method lr steps k <<<"$line"
+  if [ "$method" = base ]; then
+    cell=base; extra=(--config configs/methods/base.yaml)
+  else
+    cell=${method}_lr${lr}_s${steps}_k${k}
+    extra=(--model.optim.lr "$lr" --model.optim.updates_per_task "$steps" --model.replay.k "$k")
+    [ "$method" != ascent ] && extra=(--config "configs/methods/$method.yaml" "${extra[@]}")
+  fi
+  out=runs/efficacy_proxy/$cell
+  [ -e "$out/done" ] && continue
+  mkdir -p "$out"
+  echo "$(date -u +%FT%T) start $cell"
+  .venv/bin/python train.py fit --config configs/textcraft/ascent.yaml --config configs/heldout/textcraft.yaml \
+    --heldout.include_initial false "${extra[@]}" --seed_everything 0 --data.seed 0 --data.num_tasks 20 \
+    --model.playback.log "$log" --trainer.default_root_dir "$out" > "$out/train.log" 2>&1
+  rc=$?
+  echo "$(date -u +%FT%T) end $cell rc=$rc"
+  [ $rc -eq 0 ] && touch "$out/done"
+done
