@@ -30,19 +30,19 @@ from typing import Iterator
 
 import torch
 
+from lit_ascent.chat import chat_prompt_ids
+from lit_ascent.engines.hf import IncrementalDecoder
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import check_reply
 from lit_ascent.evaluate import evaluate
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives.resail import ReSAIL
+from lit_ascent.optim import OptimConfig, guarded_step
 from lit_ascent.privileged import lesson_block, lesson_request
 from lit_ascent.records import outcome_rates
-from lit_ascent.engines.hf import IncrementalDecoder
-from lit_ascent.chat import chat_prompt_ids
 from lit_ascent.rollout import RolloutConfig
 from lit_ascent.stream_order import stream_tasks
 from lit_ascent.trajectory import Episode, Task
-from lit_ascent.optim import OptimConfig, guarded_step
 
 log = logging.getLogger(__name__)
 
