@@ -78,6 +78,22 @@ def test_smollm2_plays_one_alfworld_game_through_the_loop(tmp_path):
     assert records[0]["family"] and records[0]["error"] is None
 
 
+def test_smollm2_shops_on_webshop_through_the_loop(tmp_path):
+    """The real model on the offline WebShop (configs/webshop/ascent.yaml): two goals, three turns each."""
+    from lit_ascent.envs.webshop_data import DATA_FILES, resolve_data_dir
+
+    if not all((resolve_data_dir() / f).is_file() for f in DATA_FILES):
+        pytest.skip("no WebShop data (set WEBSHOP_DATA)")
+    proc = run_cli(tmp_path, "--config", "configs/webshop/ascent.yaml", "--data.num_tasks", "2",
+                   "--model.rollout.max_turns", "3", "--model.rollout.max_new_tokens", "48", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "webshop" / "version_0"
+    records = [json.loads(line) for line in (run / "experience.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["env"] == "webshop" and "#" in r["task_id"] for r in records)
+    assert all(1 <= r["turns"] <= 3 and r["error"] is None and len(r["texts"]) == r["turns"] for r in records)
+    assert all(r["partition"] == "stream" and r["asin"] == r["task_id"].split("#")[0] for r in records)
+
+
 def test_smollm2_replay_and_learning_diagnostics_on_a_verified_textcraft_episode():
     """With the real model and a real verified TextCraft episode: cached teacher targets equal the
     recomputed ones, a step on the current + a replayed episode absorbs part of the divergence,

@@ -215,7 +215,7 @@ def test_reference_and_control_contexts(tokenizer):
 
 @pytest.mark.parametrize("argv, name", [
     (["--out", "x", "--epochs", "0"], "--epochs"),
-    (["--out", "x", "--env", "webshop"], "--env"),
+    (["--out", "x", "--env", "minigrid"], "--env"),
     (["--out", "x", "--lr", "0"], "--lr"),
     (["--out", "x", "--depths", "5"], "--depths"),
     (["--out", "x", "--num-plain", "-1"], "--num-plain"),

@@ -12,6 +12,7 @@ abstract-class check would too, but the config parser hides it behind "is abstra
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,11 @@ def parse_action(text: str) -> str | None:
         return None
     action = found[-1].strip().strip("`").strip()
     return action or None
+
+
+def stable_unit(text: str) -> float:
+    """A number in [0, 1) from ``text``, identical on every machine and process (no ``hash()`` salt)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
 def action_span(text: str) -> tuple[int, int] | None:

@@ -23,7 +23,6 @@ never shows (``callbacks/heldout.py``). The default ``all`` keeps every goal.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import random
@@ -33,7 +32,7 @@ from collections.abc import Iterator
 from importlib.resources import files
 from typing import Any
 
-from lit_ascent.envs.base import StepResult, TextEnv
+from lit_ascent.envs.base import StepResult, TextEnv, stable_unit
 from lit_ascent.trajectory import Task
 
 DEPTHS = (2, 3, 4)
@@ -82,11 +81,6 @@ def item_name(item_id: str) -> str:
 def item_id(name: str) -> str:
     """``oak planks`` -> ``minecraft:oak_planks``."""
     return "minecraft:" + name.strip().replace(" ", "_")
-
-
-def stable_unit(text: str) -> float:
-    """A number in [0, 1) from ``text``, identical on every machine and process."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
 def goal_split(goal: str, eval_fraction: float) -> str:

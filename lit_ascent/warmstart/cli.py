@@ -41,7 +41,7 @@ class TrainArgs:
     out: str
     """Output folder of the adapter, recipe.json and demos.jsonl."""
     env: str = "textcraft"
-    """textcraft | alfworld."""
+    """textcraft | alfworld | webshop."""
     num_plain: int = 100
     """Planner demos."""
     num_recovery: int = 100
@@ -103,7 +103,7 @@ class EvalArgs:
     """A stream run's saved fast weights (``<run>/adapter/final``), evaluated frozen on top of --adapter
     (the transfer of what the stream learned, e.g. to --split valid_unseen)."""
     env: str = "textcraft"
-    """textcraft | alfworld."""
+    """textcraft | alfworld | webshop."""
     num_tasks: int = 30
     """Evaluation tasks: the first of the stream's order (family-balanced for ALFWorld)."""
     hindsight: bool = False
@@ -113,7 +113,7 @@ class EvalArgs:
     depths: list[int] = field(default_factory=lambda: [2])
     """TextCraft goal depths."""
     split: str | None = None
-    """Evaluation split (default: eval for textcraft, valid_seen for alfworld)."""
+    """Evaluation split (default: eval for textcraft, valid_seen for alfworld, the stream partition for webshop)."""
     max_distractors: int = 10
     """TextCraft: most unneeded crafting commands shown (the stream config's data.env value)."""
     seed: int = 0

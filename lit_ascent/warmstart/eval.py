@@ -41,11 +41,11 @@ def reference_contexts(tokenizer, env: TextEnv, tasks: list[Task],
 
 def group_key(task: Task) -> tuple:
     info = task.info()
-    return info.get("depth"), info.get("family")
+    return info.get("depth"), info.get("family"), info.get("category")  # TextCraft, ALFWorld, WebShop
 
 
 def control_contexts(tasks: list[Task], contexts: list[str]) -> list[str]:
-    """Context i = the block of the next task of the same (depth, family) group, cyclically;
+    """Context i = the block of the next task of the same (depth, family, category) group, cyclically;
     a task alone in its group borrows from the next task of the whole list."""
     if len(tasks) < 2:
         raise ValueError("warmstart eval: the control needs at least 2 tasks (--num-tasks >= 2)")

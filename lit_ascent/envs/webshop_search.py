@@ -1,0 +1,63 @@
+"""WebShop's product search: BM25 over the products' text, deterministic.
+
+The original searches a Lucene index (pyserini: BM25 with k1 0.9, b 0.4, English stop words and
+Porter stemming) and shows the top 50 hits. This stands in for it with ``bm25s`` (pinned in
+requirements.txt): its ``lucene`` variant is the same scoring formula, with the same k1 and b,
+English stop words and the Snowball English stemmer (PyStemmer). bm25s is maintained, pure Python
+over NumPy and scores the 1,000 products in well under a millisecond; rank-bm25 (the other
+candidate) has only the Okapi variant and has not had a release since 2022. Ties are broken by the
+data's product order, so a query always gives the same ranking; products that share no term with
+the query are not hits. The ranking approximates the original's, not equals it (another
+tokeniser and stemmer).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+TOP_N = 50
+"""Hits a search returns (the original's ``SEARCH_RETURN_N``)."""
+K1, B = 0.9, 0.4
+"""pyserini's BM25 defaults."""
+
+
+class ProductSearch:
+    """BM25 over ``texts`` (one per product, in ``ids``' order)."""
+
+    def __init__(self, ids: Sequence[str], texts: Sequence[str]):
+        import bm25s
+        import Stemmer
+
+        self.ids = list(ids)
+        self._stemmer = Stemmer.Stemmer("english")
+        tokens = self._tokenize(list(texts))
+        self._retriever = bm25s.BM25(method="lucene", k1=K1, b=B)
+        self._retriever.index(tokens, show_progress=False)
+        self._vocab = tokens.vocab
+
+    def _tokenize(self, texts: list[str]):
+        import bm25s
+
+        return bm25s.tokenize(texts, lower=True, stopwords="en", stemmer=self._stemmer, show_progress=False)
+
+    def terms(self, query: str) -> list[str]:
+        """The query's indexed terms (stemmed, stop words and unknown words dropped)."""
+        import bm25s
+
+        tokens = self._tokenize([query])
+        words = bm25s.tokenization.convert_tokenized_to_string_list(tokens)[0]
+        return [w for w in words if w in self._vocab]
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every product for ``query`` (zeros when no term is indexed)."""
+        terms = self.terms(query)
+        if not terms:
+            return np.zeros(len(self.ids))
+        return np.asarray(self._retriever.get_scores(terms), dtype=np.float64)
+
+    def search(self, query: str, top_n: int = TOP_N) -> list[str]:
+        """The ids of the best ``top_n`` hits, best first; ties in the data's order."""
+        scores = self.scores(query)
+        order = np.lexsort((np.arange(len(scores)), -scores))  # by score, then by position
+        return [self.ids[i] for i in order[:top_n] if scores[i] > 0]
