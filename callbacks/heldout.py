@@ -160,11 +160,13 @@ class HeldOutEval(PeriodicEval):
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def play(self, pl_module, initial: bool) -> list[Episode]:
-        """The held-out episodes of the adapted (or, with ``initial``, the initial) model, weights in ``dtype``."""
+        """The held-out episodes of the adapted (or, with ``initial``, the initial) model, weights in ``dtype``;
+        the adapted agent keeps its in-context memory (read only), the initial one has none."""
         policy = pl_module.policy
         with cast_weights(policy.model, getattr(torch, self.dtype)), \
                 (policy.teacher() if initial else contextlib.nullcontext()):
-            return evaluate(policy, self._guarded, self.tasks, pl_module.rollout_cfg, batch_size=self.batch_size)
+            return evaluate(policy, self._guarded, self.tasks, pl_module.rollout_cfg, batch_size=self.batch_size,
+                            memory=None if initial else getattr(pl_module, "memory", None))
 
     def write(self, trainer, records: list[dict]) -> None:
         if self.path is None or trainer.global_rank != 0:

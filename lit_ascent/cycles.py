@@ -30,8 +30,7 @@ from typing import Iterator
 
 import torch
 
-from lit_ascent.chat import chat_prompt_ids
-from lit_ascent.engines.hf import IncrementalDecoder
+from lit_ascent.engines.hf import greedy_reply
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import check_reply
 from lit_ascent.evaluate import evaluate
@@ -115,18 +114,14 @@ class SnapshotTeacher(Policy):
 
 def write_lesson(policy: Policy, episode: Episode, max_tokens: int) -> str:
     """OEL-style PI: a short lesson the teacher writes (greedy) from a verified episode."""
-    tok = policy.tokenizer
-    prompt = chat_prompt_ids(tok, LESSON_SYSTEM, lesson_request(episode))
     was_training = policy.model.training
     policy.model.eval()
     try:
         with policy.teacher():
-            decoder = IncrementalDecoder(policy.model, {tok.eos_token_id} - {None})
-            decoder.extend(prompt)
-            ids, _ = decoder.generate(max_tokens)
+            lesson = greedy_reply(policy.model, policy.tokenizer, LESSON_SYSTEM, lesson_request(episode), max_tokens)
     finally:
         policy.model.train(was_training)
-    return lesson_block(tok.decode(ids, skip_special_tokens=True))
+    return lesson_block(lesson)
 
 
 def privileged_texts(policy: Policy, objective: ReSAIL, episodes: list[Episode], cfg: CyclesConfig) -> list[str]:

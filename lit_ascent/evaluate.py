@@ -18,6 +18,7 @@ import torch
 
 from lit_ascent.engines.hf import BatchedDecoder
 from lit_ascent.envs.base import TextEnv
+from lit_ascent.memory import Memory
 from lit_ascent.models import skip_zero_adapter
 from lit_ascent.rollout import EpisodeRun, RolloutConfig, rollout
 from lit_ascent.trajectory import Episode, Task
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
              contexts: list[str | None] | None = None, *, batch_size: int = 1,
              env_factory: Callable[[], TextEnv] | None = None,
-             on_group: Callable[[list[Episode]], None] | None = None) -> list[Episode]:
+             on_group: Callable[[list[Episode]], None] | None = None,
+             memory: Memory | None = None) -> list[Episode]:
     """Greedy episodes of ``tasks`` with the weights as they are; the adapter is not touched.
 
     Args:
@@ -36,6 +38,7 @@ def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
         batch_size: episodes decoded together (1: one after the other on ``env``).
         env_factory: builds a fresh environment per batched episode (default: ``env.fresh``).
         on_group: called with the episodes so far after each group of ``batch_size`` (e.g. to save them).
+        memory: an in-context memory shown to every episode, read only (``lit_ascent.memory``).
     """
     if batch_size < 1:
         raise ValueError(f"evaluate: batch_size must be >= 1, got {batch_size}")
@@ -52,11 +55,11 @@ def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
                 chunk = list(zip(tasks[s:s + batch_size], contexts[s:s + batch_size]))
                 if batch_size == 1:
                     (task, context), = chunk
-                    episodes.append(rollout(policy.model, policy.tokenizer, env, task, cfg, context))
+                    episodes.append(rollout(policy.model, policy.tokenizer, env, task, cfg, context, memory=memory))
                 else:
                     envs = [make_env() for _ in chunk]
                     try:
-                        episodes += batched_rollouts(policy.model, policy.tokenizer, envs, chunk, cfg)
+                        episodes += batched_rollouts(policy.model, policy.tokenizer, envs, chunk, cfg, memory)
                     finally:
                         for e in envs:
                             e.close()
@@ -70,13 +73,13 @@ def evaluate(policy, env: TextEnv, tasks: list[Task], cfg: RolloutConfig,
 
 
 def batched_rollouts(model, tokenizer, envs: list[TextEnv], jobs: list[tuple[Task, str | None]],
-                     cfg: RolloutConfig) -> list[Episode]:
+                     cfg: RolloutConfig, memory: Memory | None = None) -> list[Episode]:
     """The episodes of ``jobs`` ((task, context) pairs), env i for job i, decoded as one batch.
 
     Each episode follows exactly the sequential ``rollout`` logic (``EpisodeRun``);
     a finished episode leaves the batch at the next turn boundary.
     """
-    runs = [EpisodeRun(tokenizer, env, task, cfg, context) for env, (task, context) in zip(envs, jobs)]
+    runs = [EpisodeRun(tokenizer, env, task, cfg, context, memory) for env, (task, context) in zip(envs, jobs)]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     decoder = BatchedDecoder(model, runs[0].stop_ids, len(runs), pad)
     for row, run in enumerate(runs):

@@ -10,6 +10,7 @@ from jsonargparse import lazy_instance
 from torchmetrics import MeanMetric, Metric
 
 from lit_ascent.engines import close_engines
+from lit_ascent.memory import Memory, NoMemory, memory_diagnostics
 from lit_ascent.models import ModelConfig, Policy, load_policy
 from lit_ascent.objectives import Distillation, LossOutput, Objective
 from lit_ascent.objectives.experience_replay import ReplayBuffer, ReplayConfig
@@ -27,7 +28,8 @@ class OaTTTModule(L.LightningModule):
 
     def __init__(self, llm: ModelConfig | None = None, objective: Objective = lazy_instance(Distillation),
                  rollout: RolloutConfig | None = None, optim: OptimConfig | None = None,
-                 replay: ReplayConfig | None = None, playback: PlaybackConfig | None = None):
+                 replay: ReplayConfig | None = None, playback: PlaybackConfig | None = None,
+                 memory: Memory = lazy_instance(NoMemory)):
         """
         Args:
             llm: Base model and LoRA fast weights.
@@ -36,6 +38,7 @@ class OaTTTModule(L.LightningModule):
             optim: Optimiser settings.
             replay: Replay of earlier updating episodes at every optimiser step (k = 0: off, the paper's protocol).
             playback: Take each task's episode from an earlier run's log instead of acting (off by default).
+            memory: In-context memory of earlier tasks shown to the student (``lit_ascent.memory``; NoMemory: none).
         """
         super().__init__()
         self.automatic_optimization = False
@@ -49,6 +52,10 @@ class OaTTTModule(L.LightningModule):
                              "its episodes are not replayable (on-policy gradient)")
         self.replay = ReplayBuffer(self.replay_cfg)
         self.playback = Playback(playback.log) if playback and playback.log else None
+        if self.playback is not None and memory.active:
+            raise ValueError("model.memory must be NoMemory with model.playback: a recorded episode was not "
+                             "shown this run's memory")
+        self.memory = memory
         self.policy: Policy | None = None
         self.success_rate, self.invalid_rate = MeanMetric(), MeanMetric()
         self.counters = {"updates": 0, "skipped_nonfinite": 0, "env_errors": 0}
@@ -92,6 +99,9 @@ class OaTTTModule(L.LightningModule):
         outcome.stats = self.learn(outcome.episode)
         for cb in hooks:
             cb.on_after_update(self.trainer, self, outcome)
+        if self.memory.active:
+            self.memory.observe(outcome.episode, self.env, self.policy)
+            outcome.diagnostics.update(memory_diagnostics(outcome.episode, len(self.memory)))
         outcome.finish()
         self.log_episode(outcome.episode, outcome.stats, outcome.diagnostics)
         return {"outcome": outcome}
@@ -102,7 +112,8 @@ class OaTTTModule(L.LightningModule):
         if self.playback is not None:
             episode = self.playback.episode(self.policy.tokenizer, self.env, task)
         else:
-            episode = rollout(self.policy.model, self.policy.tokenizer, self.env, task, self.rollout_cfg)
+            episode = rollout(self.policy.model, self.policy.tokenizer, self.env, task, self.rollout_cfg,
+                              memory=self.memory)
         episode.error = episode.error or getattr(self.env, "episode_error", None)  # e.g. a hung verifier
         self.counters["env_errors"] += episode.error is not None
         return episode
@@ -190,10 +201,11 @@ class OaTTTModule(L.LightningModule):
         return {"adapter": self.policy.adapter_state(), "counters": dict(self.counters),
                 "optimizer": opts[0].state_dict() if opts else {},
                 "objective": self.objective.state_dict(), "replay": self.replay.state_dict(),
+                "memory": self.memory.state_dict(),
                 "metrics": {n: {**m.metric_state, "_update_count": m._update_count} for n, m in metrics.items()}}
 
     def load_stream_state(self, state: dict) -> None:
-        """Restore ``stream_state()``: the adapter, AdamW moments, objective statistics, metrics, counters."""
+        """Restore ``stream_state()``: the adapter, AdamW moments, objective statistics, the memory, metrics, counters."""
         params = dict(self.policy.model.named_parameters())
         if set(state["adapter"]) - set(params):
             raise ValueError("checkpoint adapter does not match this model (check model.llm.lora)")
@@ -203,6 +215,7 @@ class OaTTTModule(L.LightningModule):
         if state["optimizer"]:
             self.trainer.optimizers[0].load_state_dict(state["optimizer"])
         self.objective.load_state_dict(state["objective"])
+        self.memory.load_state_dict(state.get("memory", {}))
         self.policy.model.train()  # the mode ``learn`` prepares in
         self.replay.load_state_dict(state["replay"], lambda ep: self.objective.prepare(self.policy, ep))
         self.counters.update(state["counters"])

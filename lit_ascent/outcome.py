@@ -27,8 +27,9 @@ from lit_ascent.trajectory import Episode
 def task_record(episode: Episode, stats: dict, diagnostics: dict[str, float], dtype: str) -> dict[str, Any]:
     """The JSON record of one task: the episode's summary, the diagnostics, each turn's generated text
     (why no action parsed shows there), the weights' dtype (outcomes reproduce per dtype), the update's
-    numbers and the timings."""
-    return {**episode.summary(), **diagnostics, "texts": [turn.text for turn in episode.turns], "dtype": dtype,
+    numbers and the timings; with an in-context memory, the block the episode was shown (``memory_text``)."""
+    memory = {"memory_text": episode.memory["text"]} if episode.memory is not None else {}
+    return {**episode.summary(), **diagnostics, **memory, "texts": [turn.text for turn in episode.turns], "dtype": dtype,
             "updates": stats.get("updates", 0),
             "loss": {k: v for k, v in stats.items() if k.startswith("loss/")},
             "update": {k: v for k, v in stats.items() if k.startswith(("update/", "replay/"))},

@@ -24,13 +24,18 @@ def render_turn(turn: Turn, content: str) -> str:
     return body
 
 
-def render_privileged(turns: list[Turn], content: str = "reasoning_actions", valid_only: bool = False) -> str:
-    """The PI text z_i for ``turns``; ``valid_only`` drops turns with d_{i,t} = 0 (invalid-turn filter)."""
+def render_steps(turns: list[Turn], content: str = "reasoning_actions", valid_only: bool = False) -> str:
+    """``Step k:`` and each turn's rendering; ``valid_only`` drops turns with d_{i,t} = 0 (invalid-turn filter)."""
     if content not in PI_CONTENTS:
         raise ValueError(f"pi_content must be one of {PI_CONTENTS}, got {content!r}")
     kept = [t for t in turns if t.valid or not valid_only]
-    steps = [f"Step {k + 1}:\n{render_turn(t, content)}" for k, t in enumerate(kept)]
-    return "\n".join([PI_HEADER, *steps])
+    return "\n".join(f"Step {k + 1}:\n{render_turn(t, content)}" for k, t in enumerate(kept))
+
+
+def render_privileged(turns: list[Turn], content: str = "reasoning_actions", valid_only: bool = False) -> str:
+    """The PI text z_i for ``turns``: the header, then ``render_steps``."""
+    steps = render_steps(turns, content, valid_only)
+    return "\n".join([PI_HEADER, steps]) if steps else PI_HEADER
 
 
 def privileged_system(system: str, pi_text: str) -> str:

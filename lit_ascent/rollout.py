@@ -20,6 +20,7 @@ from lit_ascent.engines.base import ENGINES, engine_for
 from lit_ascent.engines.fused import FusedSettings
 from lit_ascent.engines.vllm import VLLMSettings
 from lit_ascent.envs.base import StepResult, TextEnv, parse_action
+from lit_ascent.memory import Memory
 from lit_ascent.models import cpu_threads, skip_zero_adapter
 from lit_ascent.trajectory import ROLE_ASSISTANT, ROLE_OBSERVATION, ROLE_PROMPT, Episode, Task, Turn
 
@@ -103,7 +104,8 @@ class EpisodeRun:
     gives an episode with ``error`` set and no turns (``budget()`` is 0 from the start).
     """
 
-    def __init__(self, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None):
+    def __init__(self, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None,
+                 memory: Memory | None = None):
         self.t0 = time.perf_counter()
         self.tokenizer, self.env, self.cfg = tokenizer, env, cfg
         system = env.system_prompt()
@@ -112,6 +114,8 @@ class EpisodeRun:
             system = f"{system}\n\n{context}"
         self.ep = Episode(task=task, system=system, first_observation=first_obs, error=error)
         self.prompt = chat_prompt_ids(tokenizer, system, first_obs)
+        if memory is not None and memory.active and error is None:
+            self._show_memory(memory)
         _append(self.ep, self.prompt, ROLE_PROMPT, -1)
         self.ep.prompt_len = len(self.prompt)
         self.template = observation_template(tokenizer)
@@ -119,6 +123,15 @@ class EpisodeRun:
         self.should_stop = _action_line_done(tokenizer) if cfg.stop_after_action else None
         self.gen_tokens, self.ended, self.over = 0, False, error is not None
         self.env_s = time.perf_counter() - self.t0  # reset (and prompt rendering) so far
+
+    def _show_memory(self, memory: Memory) -> None:
+        """Put the memory's block after the system text: in the room the context leaves for one full turn."""
+        ep = self.ep
+        room = self.cfg.max_context_tokens - len(self.prompt) - self.cfg.max_new_tokens
+        view = memory.render(self.tokenizer, self.env, ep.task, ep.first_observation, max(room, 0))
+        ep.memory = view.as_dict()
+        if view.text:
+            self.prompt = chat_prompt_ids(self.tokenizer, f"{ep.system}\n\n{view.text}", ep.first_observation)
 
     def budget(self) -> int:
         """Tokens the next turn may generate; 0 when the episode is over."""
@@ -174,15 +187,16 @@ def rollout_engine(cfg: RolloutConfig, model):
 
 
 def rollout(model, tokenizer, env: TextEnv, task: Task, cfg: RolloutConfig, context: str | None = None,
-            *, decoder_factory=None) -> Episode:
+            *, memory: Memory | None = None, decoder_factory=None) -> Episode:
     """Run one greedy ReAct episode of ``task`` with ``model`` as it is now.
 
     ``context`` (e.g. privileged information for a PI-conditioned probe) is
-    appended to the system message at the same point the teacher's PI goes.
+    appended to the system message at the same point the teacher's PI goes;
+    ``memory``'s block (``lit_ascent.memory``) after it, for the student only.
     The decoder comes from ``cfg.engine``; ``decoder_factory(model, stop_ids)``
     overrides it (tests swap in a reference that recomputes the whole sequence).
     """
-    run = EpisodeRun(tokenizer, env, task, cfg, context)
+    run = EpisodeRun(tokenizer, env, task, cfg, context, memory)
     engine = None if decoder_factory else rollout_engine(cfg, model)
     perf_before = dict(engine.perf) if engine else {}
     with cpu_threads(cfg.decode_threads, model), skip_zero_adapter(model):

@@ -57,7 +57,7 @@ class Episode:
 
     task: Task
     system: str
-    """System message (instructions) the student saw."""
+    """System message (instructions, and a probe's context) the student saw; the memory block is apart."""
     first_observation: str
     """The task description (first user message)."""
     token_ids: list[int] = field(default_factory=list)
@@ -76,6 +76,9 @@ class Episode:
     """False when a callback (e.g. the verification gate) vetoes the update."""
     pi_valid_only: bool = False
     """Drop invalid turns from the privileged information (invalid-turn filter)."""
+    memory: dict[str, Any] | None = None
+    """What the in-context memory showed the student (``MemoryView.as_dict``; None: no memory): its
+    text followed ``system`` in the student's system message; the teacher does not see it."""
 
     @property
     def num_invalid(self) -> int:
@@ -133,7 +136,7 @@ def episode_state(ep: Episode) -> dict[str, Any]:
         "turns": [{"index": u.index, "text": u.text, "action": u.action, "observation": u.observation,
                    "valid": u.valid, "span": list(u.span)} for u in ep.turns],
         "verified": ep.verified, "error": ep.error, "timings": dict(ep.timings),
-        "trainable": ep.trainable, "pi_valid_only": ep.pi_valid_only,
+        "trainable": ep.trainable, "pi_valid_only": ep.pi_valid_only, "memory": ep.memory,
     }
 
 
@@ -148,4 +151,4 @@ def episode_from_state(state: dict[str, Any]) -> Episode:
                    turn_ids=state["turn_ids"].tolist(), prompt_len=state["prompt_len"], turns=turns,
                    verified=state["verified"], error=state["error"], timings=dict(state["timings"]),
                    trainable=state["trainable"],
-                   pi_valid_only=state["pi_valid_only"])
+                   pi_valid_only=state["pi_valid_only"], memory=state.get("memory"))

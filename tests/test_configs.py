@@ -10,6 +10,7 @@ import yaml
 from callbacks import InvalidTurnFilter, StreamStats, VerificationGate
 from lit_ascent.cli import TRAINER_DEFAULTS, AscentCLI, main
 from lit_ascent.cycles import build_parser as cycles_parser
+from lit_ascent.memory import NoMemory, Playbook, ProceduralMemory
 from lit_ascent.module import OaTTTModule
 from lit_ascent.objectives import TTOPSD, Distillation, Imitation, NoUpdate, Reinforce, ReinforcePP
 from datamodules import TaskStreamDataModule
@@ -44,7 +45,14 @@ EXPECTED = {  # method -> (objective class, method callbacks)
     "reinforce": (Reinforce, []),
     "reinforce_pp": (ReinforcePP, []),
     "tt_opsd": (TTOPSD, [VerificationGate, InvalidTurnFilter]),
+    "procedural": (NoUpdate, []),
+    "playbook": (NoUpdate, []),
+    "ascent_procedural": (Distillation, [VerificationGate, InvalidTurnFilter]),
+    "ascent_playbook": (Distillation, [VerificationGate, InvalidTurnFilter]),
 }
+MEMORY = {"procedural": ProceduralMemory, "playbook": Playbook, "ascent_procedural": ProceduralMemory,
+          "ascent_playbook": Playbook}
+"""The methods with an in-context memory (the rest: NoMemory)."""
 
 
 def parse(*configs: Path, extra: tuple[str, ...] = ()) -> AscentCLI:
@@ -84,6 +92,7 @@ def test_overlay_parses_on_every_env_config(env, overlay):
         objective, callbacks = EXPECTED[overlay.stem]
         assert type(cli.model.objective) is objective
         assert method_callbacks(cli) == callbacks
+        assert type(cli.model.memory) is MEMORY.get(overlay.stem, NoMemory)
 
 
 def test_demo_overlay_shortens_the_textcraft_stream_and_keeps_ascent():
@@ -160,7 +169,8 @@ TINY_RUN = ("--data.env.init_args.num_tasks", "2", "--data.shuffle", "false",
             "--model.rollout.max_turns", "1", "--model.rollout.max_new_tokens", "4",
             "--trainer.enable_progress_bar", "false", "--report.verbose", "false",
             "--adapter_checkpoint.every_n_tasks", "0")
-GATED = {"ascent", "rft", "rft_kl", "tt_opsd"}
+GATED = {"ascent", "rft", "rft_kl", "tt_opsd", "ascent_procedural", "ascent_playbook"}
+NO_UPDATE = {"base", "procedural", "playbook"}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -173,7 +183,7 @@ def test_debug_method_runs_end_to_end(method, tmp_path):
     # ScriptedEnv(verify_every=2), no shuffle: task-0 verified, task-1 failed
     assert [r["verified"] for r in records] == [True, False]
     updates = [r["updates"] for r in records]
-    if method == "base":
+    if method in NO_UPDATE:
         assert updates == [0, 0]
     elif method in GATED:
         assert updates == [1, 0]
@@ -181,3 +191,8 @@ def test_debug_method_runs_end_to_end(method, tmp_path):
         assert updates == [1, 1]
         assert records[1]["train/updates_from_failed_share"] == pytest.approx(0.5)
     assert all("stream/invalid_rate_window" in r and "diagnostics/drift_kl" in r for r in records)
+    if method in MEMORY:  # task 1 sees what task 0 left: the verified episode, or its lessons
+        assert records[0]["memory/size"] >= 1 and records[1]["memory/shown"] >= 1
+        assert records[1]["memory_text"].startswith(("Memory:", "Playbook:")) and records[1]["memory/tokens"] > 0
+    else:
+        assert "memory/size" not in records[0] and "memory_text" not in records[0]

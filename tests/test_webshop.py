@@ -19,7 +19,7 @@ from lit_ascent.envs.webshop_data import (
 )
 from lit_ascent.envs.webshop_oracle import oracle_query, solve
 from lit_ascent.envs.webshop_reward import normalize_color, reward, type_reward
-from lit_ascent.envs.webshop_search import ProductSearch
+from lit_ascent.bm25 import BM25Index
 
 DATA = resolve_data_dir()
 if not all((DATA / f).is_file() for f in DATA_FILES):
@@ -106,7 +106,7 @@ def test_price_rules():
 # --- search -------------------------------------------------------------------------------------
 
 def test_search_is_deterministic_with_ties_in_data_order():
-    search = ProductSearch(["c", "a", "b", "d"], ["red shoe", "red shoe", "blue shoes", "hat"])
+    search = BM25Index(["c", "a", "b", "d"], ["red shoe", "red shoe", "blue shoes", "hat"])
     assert search.search("Red shoes") == ["c", "a", "b"]  # stems: shoe(s); 'hat' shares nothing
     assert search.search("the of") == [] and search.search("zebra") == []
     assert search.terms("Shoes and hats") == ["shoe", "hat"]

@@ -78,6 +78,17 @@ class IncrementalDecoder(GreedyDecoder):
         return out.logits[0, -1]
 
 
+def greedy_reply(model, tokenizer, system: str, user: str, max_tokens: int) -> str:
+    """The model's greedy reply to one [system, user] chat (at most ``max_tokens``), as text; the
+    caller chooses the weights (e.g. ``policy.teacher()``) and the mode."""
+    from lit_ascent.chat import chat_prompt_ids
+
+    decoder = IncrementalDecoder(model, {tokenizer.eos_token_id} - {None})
+    decoder.extend(chat_prompt_ids(tokenizer, system, user))
+    ids, _ = decoder.generate(max_tokens)
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
 class BatchedDecoder:
     """Greedy decoding of B independent sequences over one batch KV cache.
 

@@ -102,7 +102,7 @@ class TextEnv:
     """A text environment with a task list, a ReAct prompt and a verifier.
 
     Required: ``tasks``, ``reset``, ``step``. Optional: ``system_prompt``, ``verify_at_end``,
-    ``close``, ``fresh`` and the ``name`` attribute. The constructor only stores settings;
+    ``goal_line``, ``close``, ``fresh`` and the ``name`` attribute. The constructor only stores settings;
     heavy state (game engines, processes, data) is built lazily on first use.
     """
 
@@ -132,6 +132,12 @@ class TextEnv:
     def verify_at_end(self) -> bool:
         """The verifier's verdict when the episode ends by the turn budget (default: unsolved)."""
         return False
+
+    def goal_line(self, first_observation: str) -> str:
+        """The task's goal in one line, e.g. for a memory of earlier tasks. Default: the last
+        non-empty line of the first observation (TextCraft's "Goal: ...", ALFWorld's "Your task is to: ...")."""
+        lines = [line.strip() for line in first_observation.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
 
     def system_prompt(self) -> str:
         """Instructions (ReAct format, action syntax, examples) for the agent."""

@@ -38,7 +38,7 @@ from lit_ascent.envs.webshop_data import (
     split_products,
 )
 from lit_ascent.envs.webshop_reward import reward
-from lit_ascent.envs.webshop_search import ProductSearch
+from lit_ascent.bm25 import BM25Index
 from lit_ascent.trajectory import Task
 
 PER_PAGE = 10
@@ -73,10 +73,10 @@ Action: click[buy now]"""
 
 
 @lru_cache(maxsize=4)
-def catalog(data_dir: Path) -> tuple[dict[str, Product], ProductSearch]:
+def catalog(data_dir: Path) -> tuple[dict[str, Product], BM25Index]:
     """The products and their search index (built once per data folder)."""
     products = load_products(data_dir)
-    return products, ProductSearch(list(products), [p.search_text() for p in products.values()])
+    return products, BM25Index(list(products), [p.search_text() for p in products.values()])
 
 
 def goal_query(goal: Goal) -> str:
@@ -135,7 +135,7 @@ class WebShopEnv(TextEnv):
         self._browser = Browser()
 
     # -- data ------------------------------------------------------------------
-    def catalog(self) -> tuple[dict[str, Product], ProductSearch]:
+    def catalog(self) -> tuple[dict[str, Product], BM25Index]:
         return catalog(resolve_data_dir(self.data_dir))
 
     def goals(self) -> dict[str, Goal]:
@@ -277,6 +277,11 @@ class WebShopEnv(TextEnv):
     # -- the rest ----------------------------------------------------------------
     def system_prompt(self) -> str:
         return _SYSTEM_PROMPT
+
+    def goal_line(self, first_observation: str) -> str:
+        """The instruction (the search page's third line)."""
+        lines = first_observation.splitlines()
+        return lines[2] if len(lines) > 2 and lines[1] == "Instruction:" else super().goal_line(first_observation)
 
     def fresh(self) -> WebShopEnv:
         return WebShopEnv(self.partition, self.data_dir, self.demo_size, self.heldout_size, self.goals_per_product)

@@ -1,14 +1,14 @@
-"""WebShop's product search: BM25 over the products' text, deterministic.
+"""BM25 retrieval over short texts, deterministic: WebShop's product search and the procedural memory.
 
-The original searches a Lucene index (pyserini: BM25 with k1 0.9, b 0.4, English stop words and
+WebShop's original searches a Lucene index (pyserini: BM25 with k1 0.9, b 0.4, English stop words and
 Porter stemming) and shows the top 50 hits. This stands in for it with ``bm25s`` (pinned in
 requirements.txt): its ``lucene`` variant is the same scoring formula, with the same k1 and b,
 English stop words and the Snowball English stemmer (PyStemmer). bm25s is maintained, pure Python
 over NumPy and scores the 1,000 products in well under a millisecond; rank-bm25 (the other
 candidate) has only the Okapi variant and has not had a release since 2022. Ties are broken by the
-data's product order, so a query always gives the same ranking; products that share no term with
-the query are not hits. The ranking approximates the original's, not equals it (another
-tokeniser and stemmer).
+texts' order, so a query always gives the same ranking; texts that share no term with the query
+are not hits. WebShop's ranking approximates the original's, not equals it (another tokeniser
+and stemmer).
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 
 TOP_N = 50
-"""Hits a search returns (the original's ``SEARCH_RETURN_N``)."""
+"""Hits a search returns (WebShop's ``SEARCH_RETURN_N``)."""
 K1, B = 0.9, 0.4
 """pyserini's BM25 defaults."""
 
 
-class ProductSearch:
-    """BM25 over ``texts`` (one per product, in ``ids``' order)."""
+class BM25Index:
+    """BM25 over ``texts`` (one per id, in ``ids``' order)."""
 
     def __init__(self, ids: Sequence[str], texts: Sequence[str]):
         import bm25s
@@ -50,14 +50,14 @@ class ProductSearch:
         return [w for w in words if w in self._vocab]
 
     def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every product for ``query`` (zeros when no term is indexed)."""
+        """BM25 score of every text for ``query`` (zeros when no term is indexed)."""
         terms = self.terms(query)
         if not terms:
             return np.zeros(len(self.ids))
         return np.asarray(self._retriever.get_scores(terms), dtype=np.float64)
 
     def search(self, query: str, top_n: int = TOP_N) -> list[str]:
-        """The ids of the best ``top_n`` hits, best first; ties in the data's order."""
+        """The ids of the best ``top_n`` hits, best first; ties in the texts' order."""
         scores = self.scores(query)
         order = np.lexsort((np.arange(len(scores)), -scores))  # by score, then by position
         return [self.ids[i] for i in order[:top_n] if scores[i] > 0]
