@@ -78,6 +78,21 @@ def test_smollm2_plays_one_alfworld_game_through_the_loop(tmp_path):
     assert records[0]["family"] and records[0]["error"] is None
 
 
+def test_smollm2_with_a_procedural_memory_on_textcraft(tmp_path):
+    """The in-context baseline on the real model and env: `make demo`'s stream (its first goal is
+    solved) with configs/methods/procedural.yaml; the later tasks are shown the stored episode."""
+    proc = run_cli(tmp_path, "--config", "configs/textcraft/ascent.yaml", "--config", "configs/demo.yaml",
+                   "--config", "configs/methods/procedural.yaml", timeout=2400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "procedural" / "version_0"
+    records = [json.loads(line) for line in (run / "experience.jsonl").read_text().splitlines()]
+    assert records[0]["verified"] and records[0]["memory/shown"] == 0 and records[0]["memory/size"] == 1
+    assert all(r["updates"] == 0 and r["error"] is None for r in records)
+    later = records[1]
+    assert later["memory/shown"] >= 1 and 0 < later["memory/tokens"] <= 1024
+    assert later["memory_text"].startswith("Memory: verified successful attempts") and "Step 1:" in later["memory_text"]
+
+
 def test_smollm2_shops_on_webshop_through_the_loop(tmp_path):
     """The real model on the offline WebShop (configs/webshop/ascent.yaml): two goals, three turns each."""
     from lit_ascent.envs.webshop_data import DATA_FILES, resolve_data_dir
