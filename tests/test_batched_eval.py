@@ -1,11 +1,15 @@
 """Batched evaluation equals sequential evaluation, episode for episode, in float32."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from lit_ascent import evaluate as evaluate_module
+from lit_ascent.engines import close_engines
+from lit_ascent.engines.fused import FusedRows, FusedSettings
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.evaluate import evaluate
 from lit_ascent.rollout import RolloutConfig
@@ -101,3 +105,81 @@ def test_progress_is_logged_after_each_group(lively, batch_size, caplog):
     done = list(range(batch_size, 7, batch_size)) + [7]
     assert [line.split()[1] for line in lines] == [f"{n}/7" for n in done]
     assert lines[-1].endswith(f"{sum(e.verified for e in episodes)} verified")
+
+
+@pytest.fixture
+def eos_prone(policy):
+    """The tiny policy with its base weights scaled up and the end-of-turn token's (tied) embedding
+    enlarged: turns of 1 to 9 tokens, some closed by EOS, some cut by the budget, in the weights
+    themselves, so engines that read the weights (fused) see it too."""
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_" not in name and p.dim() == 2:
+                p.mul_(8.0)
+        policy.model.get_base_model().get_input_embeddings().weight[policy.tokenizer.eos_token_id] *= 5.5
+    policy.model.eval()
+    yield policy
+    close_engines(policy.model)
+
+
+def _continuous_case(lookup: int = 8):
+    env = ScriptedEnv(num_tasks=7, episode_steps=4, verify_every=2)
+    tasks, contexts = _tasks_and_contexts(env)
+    cfg = RolloutConfig(max_turns=6, max_new_tokens=9, max_context_tokens=450, engine="fused",
+                        fused=FusedSettings(prompt_lookup=lookup))
+    return env, tasks, contexts, cfg
+
+
+@pytest.mark.parametrize("batch_size,lookup", [(3, 0), (3, 8), (8, 8)])
+def test_continuous_batch_equals_sequential(eos_prone, batch_size, lookup, monkeypatch):
+    env, tasks, contexts, cfg = _continuous_case(lookup)
+    ref = evaluate(eos_prone, env, tasks, replace(cfg, engine="hf"), contexts)  # the reference engine, one at a time
+    seq = evaluate(eos_prone, env, tasks, cfg, contexts)
+    monkeypatch.setattr(evaluate_module, "batched_rollouts", None)  # the fused engine must not fall back to it
+    chains = []
+    step = FusedRows.step
+    monkeypatch.setattr(FusedRows, "step", lambda self, limits=None: chains.append(step(self, limits)) or chains[-1])
+    bat = evaluate(eos_prone, env, tasks, cfg, contexts, batch_size=batch_size,
+                   env_factory=lambda: ScriptedEnv(num_tasks=7, episode_steps=4, verify_every=2))
+    assert [_signature(e) for e in bat] == [_signature(e) for e in seq] == [_signature(e) for e in ref]
+    assert max(len(c) for c in chains) == min(batch_size, 7)  # rows decoded together
+    assert (max(len(t) for c in chains for t in c.values()) > 1) == (lookup > 0)  # drafts kept when looked up
+    # not trivial: rows end at different steps and new episodes take their place
+    assert len({len(e.turns) for e in ref}) > 1 and len({len(e.token_ids) for e in ref}) > 4
+    turn_lengths = {t.span[1] - t.span[0] for e in ref for t in e.turns}
+    assert len(turn_lengths) > 3 and max(turn_lengths) == 9
+    assert any(e.token_ids[t.span[1] - 1] == eos_prone.tokenizer.eos_token_id for e in ref for t in e.turns)
+    assert {e.verified for e in ref} == {True, False}
+
+
+def test_continuous_batch_reports_finished_prefixes_in_task_order(eos_prone, caplog):
+    env, tasks, contexts, cfg = _continuous_case()
+    prefixes = []
+    with caplog.at_level("INFO", logger="lit_ascent.evaluate"):
+        episodes = evaluate(eos_prone, env, tasks, cfg, contexts, batch_size=3,
+                            env_factory=lambda: ScriptedEnv(num_tasks=7, episode_steps=4, verify_every=2),
+                            on_group=lambda so_far: prefixes.append([e.task.task_id for e in so_far]))
+    ids = [t.task_id for t in tasks]
+    assert prefixes and all(p == ids[:len(p)] for p in prefixes)  # always the finished prefix, in order
+    sizes = [len(p) for p in prefixes]
+    assert sizes[-1] == 7 and all(b - a >= 3 for a, b in zip(sizes, sizes[1:-1]))
+    lines = [r.getMessage() for r in caplog.records if r.name == "lit_ascent.evaluate"]
+    assert [line.split()[1] for line in lines] == [f"{n}/7" for n in sizes]
+    assert [e.task.task_id for e in episodes] == ids
+
+
+def test_continuous_batch_survives_a_failed_reset(eos_prone):
+    """A task whose reset raises is an episode with its error and no turns; the others are unaffected."""
+    env, tasks, contexts, cfg = _continuous_case()
+
+    class BrokenReset(ScriptedEnv):
+        def reset(self, task):
+            if task.task_id == tasks[2].task_id:
+                raise RuntimeError("no such game")
+            return super().reset(task)
+
+    seq = evaluate(eos_prone, env, tasks, cfg, contexts)
+    bat = evaluate(eos_prone, env, tasks, cfg, contexts, batch_size=3,
+                   env_factory=lambda: BrokenReset(num_tasks=7, episode_steps=4, verify_every=2))
+    assert bat[2].turns == [] and "no such game" in bat[2].error and not bat[2].verified
+    assert [_signature(e) for k, e in enumerate(bat) if k != 2] == [_signature(e) for k, e in enumerate(seq) if k != 2]

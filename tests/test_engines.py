@@ -198,6 +198,31 @@ def test_prompt_lookup_keeps_the_greedy_tokens_in_fewer_forwards(policy, lookup)
     assert (len(calls) < 42) == (lookup > 0)
 
 
+def test_fused_rows_accept_drops_the_unused_tail_of_a_chain(policy, monkeypatch):
+    """A turn that ends inside a step's chain of tokens (a stop id among verified drafts) keeps only
+    its tokens: the next step continues from them, never from the dropped tail."""
+    from lit_ascent.engines import fused
+
+    policy.model.eval()
+    weights = FusedWeights(policy.model)
+    prompt = list(range(40, 80))
+    ref = fused.FusedRows(weights, 1)  # no drafts: one greedy token per step
+    ref.start(0, prompt)
+    greedy = [ref.step()[0][0] for _ in range(12)]
+    # an oracle draft: the greedy continuation itself, so every draft token is kept
+    monkeypatch.setattr(fused, "prompt_lookup", lambda ids, k, limit: greedy[len(ids) - len(prompt):][:min(k, limit)])
+    rows = fused.FusedRows(weights, 2, lookup=4)
+    rows.start(1, prompt)
+    assert rows.step({1: 20}) == {1: greedy[:5]}  # 4 drafts verified, plus the token after them
+    rows.accept(1, 2)
+    assert rows.history[1] == prompt + greedy[:2] and rows.unfed[1] == [greedy[1]]
+    assert rows.caches[1].seen == len(prompt) + 1
+    assert rows.step({1: 20}) == {1: greedy[2:7]}
+    assert rows.step({1: 3}) == {1: greedy[7:10]}  # a limit of 3: a draft of 2 at most
+    rows.release(1)
+    assert rows.step() == {}
+
+
 def test_an_engine_that_cannot_run_the_model_fails_the_run_at_start_up(monkeypatch):
     from lit_ascent.module import OaTTTModule
     from tests.conftest import TINY

@@ -34,6 +34,35 @@ class Decoder(Protocol):
                  ) -> tuple[list[int], bool]: ...
 
 
+class RowDecoder(Protocol):
+    """Several sequences decoded together, one greedy token per row and step; a row can start a new
+    sequence at any step (continuous batching: ``lit_ascent.evaluate.continuous_rollouts``)."""
+
+    size: int
+    """The number of rows."""
+
+    def start(self, row: int, ids: list[int]) -> None: ...
+
+    def extend(self, row: int, ids: list[int]) -> None: ...
+
+    def release(self, row: int) -> None: ...
+
+    def step(self, limits: dict[int, int] | None = None) -> dict[int, list[int]]:
+        """Greedy tokens of every row with ids to feed (one, or more when drafts were verified; none past
+        ``limits[row]``); the last is fed at the row's next step."""
+
+    def accept(self, row: int, used: int) -> None:
+        """Only the first ``used`` tokens of the row's last step count."""
+
+
+def turn_over(token: int, out: list[int], stop_ids: set[int], should_stop, budget: int) -> tuple[bool, bool]:
+    """(the turn ends after ``out``, whose last id is ``token``; it ended on a stop id): the rule of every
+    decoder. A turn ends at a stop id (included), when ``should_stop(out)`` says so, or at ``budget`` tokens."""
+    if token in stop_ids:
+        return True, True
+    return (should_stop is not None and should_stop(out)) or len(out) >= budget, False
+
+
 class GreedyDecoder:
     """The greedy loop shared by the in-process decoders; ``_feed`` runs the unfed ids and
     returns the (V,) logits of the last one. ``trace``, when a list, receives every decoded
@@ -54,17 +83,16 @@ class GreedyDecoder:
     def generate(self, max_new_tokens: int, should_stop=None) -> tuple[list[int], bool]:
         """Greedy tokens until a stop id (included, returns closed=True) or the budget."""
         out: list[int] = []
-        for _ in range(max_new_tokens):
+        while max_new_tokens > 0:
             logits = self._feed()
             if self.trace is not None:
                 self.trace.append(logits.float().clone())
             token = int(logits.argmax())
             out.append(token)
             self.unfed = [token]
-            if token in self.stop_ids:
-                return out, True
-            if should_stop is not None and should_stop(out):
-                break
+            over, closed = turn_over(token, out, self.stop_ids, should_stop, max_new_tokens)
+            if over:
+                return out, closed
         return out, False
 
 
@@ -84,6 +112,11 @@ class Engine:
 
     def decoder(self, stop_ids: set[int]) -> Decoder:
         raise NotImplementedError
+
+    def rows(self, rows: int) -> RowDecoder | None:
+        """A continuous batch of ``rows`` sequences (``RowDecoder``), or None when the engine has none
+        (the batched evaluation then uses transformers' batched forward, ``lit_ascent.evaluate``)."""
+        return None
 
     def close(self) -> None:
         """Release what the engine holds (processes, buffers)."""

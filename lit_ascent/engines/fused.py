@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lit_ascent.engines.base import AdapterWatch, Engine, GreedyDecoder
+from lit_ascent.engines.base import AdapterWatch, Engine, GreedyDecoder, turn_over
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
@@ -159,63 +159,104 @@ def prompt_lookup(ids: list[int], k: int, limit: int, ngram: int = 3) -> list[in
     return []
 
 
+class KVCache:
+    """One sequence's key/value buffers, a (kv_heads, capacity, head_dim) tensor per layer; ``seen``
+    positions are filled. The capacity doubles when a feed needs more room."""
+
+    def __init__(self, weights: FusedWeights):
+        self.w, self.seen = weights, 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def room(self, end: int) -> None:
+        if self.k and end <= self.k[0].shape[1]:
+            return
+        cap, w = max(2 * end, 256), self.w
+        grown = []
+        for old in (self.k, self.v):
+            new = [torch.zeros(w.kv_heads, cap, w.head_dim, dtype=w.dtype, device=w.device) for _ in w.layers]
+            for n, o in zip(new, old):
+                n[:, : self.seen] = o[:, : self.seen]
+            grown.append(new)
+        self.k, self.v = grown
+
+
+@torch.no_grad()
+def forward(w: FusedWeights, caches: list[KVCache], feeds: list[list[int]], keep: list[int]) -> list[torch.Tensor]:
+    """Run ``feeds[i]`` (token ids, non-empty) at the end of sequence ``caches[i]``, all rows in one pass:
+    the matrix products over every fed token at once (the weights are read once per forward), attention
+    row by row on each row's own cache. Returns, per row, the (keep[i], V) logits of its last ``keep[i]``
+    fed positions; each cache's ``seen`` advances by its feed (a caller may set it back to drop positions)."""
+    hq, hk, d = w.heads, w.kv_heads, w.head_dim
+    lengths = [len(f) for f in feeds]
+    h = w.embed[torch.tensor([i for f in feeds for i in f], device=w.device)]
+    rows = []  # (cache, start in h, length, rope cos, rope sin, causal mask)
+    start = 0
+    for cache, t in zip(caches, lengths):
+        n = cache.seen
+        cache.room(n + t)
+        mask = torch.ones(t, n + t, dtype=torch.bool, device=w.device).tril(diagonal=n) if t > 1 else None
+        rows.append((cache, start, t, *w.rope(n, n + t), mask))
+        start += t
+    for i, lw in enumerate(w.layers):
+        qkv = F.linear(_rms(h, lw.norm_in, w.eps), *lw.qkv)
+        out = []
+        for cache, s, t, cos, sin, mask in rows:
+            n = cache.seen
+            q, k, v = qkv[s:s + t].split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = q.view(t, hq, d).transpose(0, 1), k.view(t, hk, d).transpose(0, 1), v.view(t, hk, d).transpose(0, 1)
+            if lw.q_norm is not None:
+                q, k = _rms(q, lw.q_norm, w.eps), _rms(k, lw.k_norm, w.eps)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            cache.k[i][:, n:n + t], cache.v[i][:, n:n + t] = k, v
+            keys, values = cache.k[i][:, : n + t], cache.v[i][:, : n + t]
+            # 4-d inputs: torch's fused CPU attention kernel (3-d ones take a slower path, 2-3x here)
+            if t == 1:  # one query: pack the query heads onto their key/value head, no mask
+                a = F.scaled_dot_product_attention(q.reshape(1, hk, hq // hk, d), keys[None], values[None])
+            else:
+                a = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                                   enable_gqa=hq != hk)
+            a = a.reshape(hq, t, d)
+            out.append(a.transpose(0, 1).reshape(t, hq * d))
+        h = h + F.linear(out[0] if len(out) == 1 else torch.cat(out), *lw.o)
+        gate, up = F.linear(_rms(h, lw.norm_post, w.eps), *lw.gate_up).chunk(2, dim=-1)
+        h = h + F.linear(F.silu(gate) * up, *lw.down)
+    for cache, t in zip(caches, lengths):
+        cache.seen += t
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    picked = [torch.arange(e - k, e) for e, k in zip(ends, keep)]
+    logits = F.linear(_rms(h[torch.cat(picked).to(w.device)], w.norm, w.eps), *w.head)
+    return list(logits.split(keep))
+
+
 class FusedDecoder(GreedyDecoder):
     """One episode's decoder over ``FusedWeights``, with its own growing key/value buffers."""
 
     def __init__(self, weights: FusedWeights, stop_ids: set[int], lookup: int = 0):
+        self.cache = KVCache(weights)  # before the base class sets ``seen``
         super().__init__(stop_ids)
         self.w, self.lookup = weights, lookup
         self.history: list[int] = []  # every id of the episode so far (where drafts are looked up)
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
 
-    def _room(self, end: int) -> None:
-        if self.k and end <= self.k[0].shape[1]:
-            return
-        cap, w = max(2 * end, 256), self.w
-        grow = [torch.zeros(w.kv_heads, cap, w.head_dim, dtype=w.dtype, device=w.device) for _ in w.layers]
-        for new, old in zip(grow, self.k):
-            new[:, : self.seen] = old[:, : self.seen]
-        grow_v = [torch.zeros_like(g) for g in grow]
-        for new, old in zip(grow_v, self.v):
-            new[:, : self.seen] = old[:, : self.seen]
-        self.k, self.v = grow, grow_v
+    @property
+    def seen(self) -> int:
+        return self.cache.seen
+
+    @seen.setter
+    def seen(self, value: int) -> None:
+        self.cache.seen = value
 
     def extend(self, ids: list[int]) -> None:
         super().extend(ids)
         self.history.extend(ids)
 
-    @torch.no_grad()
     def _feed(self, draft: list[int] = ()) -> torch.Tensor:
         """Run the unfed ids and ``draft``; the logits after the last unfed id and after each draft id
         ((1 + len(draft), V); one row, (V,), without a draft). The cache keeps all of them until
         ``seen`` is set back (rejected draft ids are overwritten later)."""
-        ids = self.unfed + list(draft)
-        w, n, t = self.w, self.seen, len(ids)
-        self._room(n + t)
-        h = w.embed[torch.tensor(ids, device=w.device)]
-        cos, sin = w.rope(n, n + t)
-        hq, hk, d = w.heads, w.kv_heads, w.head_dim
-        mask = torch.ones(t, n + t, dtype=torch.bool, device=w.device).tril(diagonal=n) if t > 1 else None
-        for i, lw in enumerate(w.layers):
-            q, k, v = F.linear(_rms(h, lw.norm_in, w.eps), *lw.qkv).split([hq * d, hk * d, hk * d], dim=-1)
-            q, k, v = q.view(t, hq, d).transpose(0, 1), k.view(t, hk, d).transpose(0, 1), v.view(t, hk, d).transpose(0, 1)
-            if lw.q_norm is not None:
-                q, k = _rms(q, lw.q_norm, w.eps), _rms(k, lw.k_norm, w.eps)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            self.k[i][:, n:n + t], self.v[i][:, n:n + t] = k, v
-            keys, values = self.k[i][:, : n + t], self.v[i][:, : n + t]
-            if t == 1:  # one query: pack the query heads onto their key/value head
-                a = F.scaled_dot_product_attention(q.reshape(hk, hq // hk, d), keys, values).reshape(hq, 1, d)
-            else:
-                a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=hq != hk)
-            h = h + F.linear(a.transpose(0, 1).reshape(t, hq * d), *lw.o)
-            gate, up = F.linear(_rms(h, lw.norm_post, w.eps), *lw.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, *lw.down)
-        self.seen, self.unfed = n + t, []
-        if not draft:
-            return F.linear(_rms(h[-1], w.norm, w.eps), *w.head)
-        return F.linear(_rms(h[-1 - len(draft):], w.norm, w.eps), *w.head)
+        logits, = forward(self.w, [self.cache], [self.unfed + list(draft)], [1 + len(draft)])
+        self.unfed = []
+        return logits if draft else logits[0]
 
     def generate(self, max_new_tokens: int, should_stop=None) -> tuple[list[int], bool]:
         """Greedy tokens, as ``GreedyDecoder.generate``; with ``lookup`` > 0, each forward also checks up to
@@ -227,27 +268,91 @@ class FusedDecoder(GreedyDecoder):
             return out, closed
         out: list[int] = []
         while len(out) < max_new_tokens:
-            fed = len(self.unfed)
+            fed, start = len(self.unfed), self.seen
             draft = prompt_lookup(self.history, self.lookup, max_new_tokens - len(out) - 1)
-            start = self.seen
-            rows = self._feed(draft)
-            rows = rows[None] if rows.dim() == 1 else rows
-            for j, row in enumerate(rows):
+            logits = self._feed(draft)
+            logits = logits[None] if logits.dim() == 1 else logits
+            chain = greedy_chain(logits, draft)
+            for j, token in enumerate(chain):
                 if self.trace is not None:
-                    self.trace.append(row.float().clone())
-                token = int(row.argmax())
+                    self.trace.append(logits[j].float().clone())
                 out.append(token)
                 self.history.append(token)
-                done = (token in self.stop_ids, should_stop is not None and should_stop(out),
-                        len(out) >= max_new_tokens)
-                if any(done) or j == len(draft) or token != draft[j]:
+                over, closed = turn_over(token, out, self.stop_ids, should_stop, max_new_tokens)
+                if over or j == len(chain) - 1:
                     self.seen, self.unfed = start + fed + j, [token]  # the cache holds the kept ids only
-                    if done[0]:
-                        return out, True
-                    if any(done):
-                        return out, False
+                    if over:
+                        return out, closed
                     break
         return out, False
+
+
+def greedy_chain(logits: torch.Tensor, draft: list[int]) -> list[int]:
+    """The greedy tokens one forward over ``draft`` gives ((1 + len(draft), V) logits): each draft id is
+    kept while it is the greedy token; the chain ends with the first greedy token that differs (or the
+    one after the whole draft)."""
+    tokens = logits.argmax(-1).tolist()
+    for j, d in enumerate(draft):
+        if tokens[j] != d:
+            return tokens[: j + 1]
+    return tokens
+
+
+class FusedRows:
+    """Continuous batching over ``FusedWeights``: up to ``size`` sequences, each on its own cache, decoded
+    together (one forward per step for all rows; a row may pre-fill a prompt while others decode). A row
+    starts a new sequence whenever its episode ends (``start``), so the batch stays full. With ``lookup``
+    > 0 each row's forward also checks draft tokens, as ``FusedDecoder`` does. Greedy tokens are the
+    sequential decoder's in float32 (tests/test_batched_eval.py)."""
+
+    def __init__(self, weights: FusedWeights, rows: int, lookup: int = 0):
+        self.w, self.size, self.lookup = weights, rows, lookup
+        self.caches: list[KVCache | None] = [None] * rows
+        # per row: every id of its sequence (the cache's, then the unfed ones; drafts are looked up here),
+        # the ids not yet fed, and the last step's chain of greedy tokens with the history length before it
+        self.history: list[list[int]] = [[] for _ in range(rows)]
+        self.unfed: list[list[int]] = [[] for _ in range(rows)]
+        self.chains: list[list[int]] = [[] for _ in range(rows)]
+        self.bases = [0] * rows
+
+    def start(self, row: int, ids: list[int]) -> None:
+        """Begin a new sequence in ``row`` with ``ids`` (the previous one's cache is dropped)."""
+        self.caches[row], self.history[row], self.unfed[row] = KVCache(self.w), list(ids), list(ids)
+
+    def extend(self, row: int, ids: list[int]) -> None:
+        self.history[row].extend(ids)
+        self.unfed[row].extend(ids)
+
+    def release(self, row: int) -> None:
+        self.caches[row], self.history[row], self.unfed[row] = None, [], []
+
+    def step(self, limits: dict[int, int] | None = None) -> dict[int, list[int]]:
+        """Feed every row's pending ids (with a draft of at most ``limits[row] - 1`` ids) in one forward;
+        row -> its greedy tokens (``greedy_chain``), all kept unless ``accept`` says otherwise. The last
+        one is fed at the row's next step."""
+        fed = [r for r, ids in enumerate(self.unfed) if ids and self.caches[r] is not None]
+        if not fed:
+            return {}
+        limits = limits or {}
+        drafts = [prompt_lookup(self.history[r], self.lookup, limits.get(r, self.lookup + 1) - 1) for r in fed]
+        logits = forward(self.w, [self.caches[r] for r in fed], [self.unfed[r] + d for r, d in zip(fed, drafts)],
+                         [1 + len(d) for d in drafts])
+        for r, draft, rows in zip(fed, drafts, logits):
+            self.chains[r], self.bases[r] = greedy_chain(rows, draft), len(self.history[r])
+            self._keep(r, len(self.chains[r]))
+        return {r: self.chains[r] for r in fed}
+
+    def accept(self, row: int, used: int) -> None:
+        """Only the first ``used`` tokens of ``row``'s last step count (its turn ended there)."""
+        if used < len(self.chains[row]):
+            self._keep(row, used)
+
+    def _keep(self, row: int, n: int) -> None:
+        """Keep the first n tokens of the row's last chain: the cache holds all but the n-th, which is unfed."""
+        base, chain = self.bases[row], self.chains[row][:n]
+        del self.history[row][base:]
+        self.history[row].extend(chain)
+        self.caches[row].seen, self.unfed[row] = base + n - 1, [chain[-1]]
 
 
 class FusedEngine(Engine):
@@ -261,14 +366,23 @@ class FusedEngine(Engine):
         self.watch = AdapterWatch(model)
         self.weights: FusedWeights | None = None
 
-    def decoder(self, stop_ids: set[int]) -> FusedDecoder:
-        if self.watch.changed() or self.weights is None:
+    def current_weights(self) -> FusedWeights:
+        """The packed weights of the model as it is now: folded again after an update, a disabled or
+        switched adapter, or a cast of the weights to another dtype (e.g. the held-out evaluation's)."""
+        dtype = causal_lm_parts(self.model)[1].embed_tokens.weight.dtype
+        if self.watch.changed() or self.weights is None or self.weights.dtype != dtype:
             self.weights = None  # free the old copy before building the new one
             t0 = time.perf_counter()
             self.weights = FusedWeights(self.model)
             self._add_perf("fold_s", time.perf_counter() - t0)
             self._add_perf("folds", 1)
-        return FusedDecoder(self.weights, stop_ids, self.settings.prompt_lookup)
+        return self.weights
+
+    def decoder(self, stop_ids: set[int]) -> FusedDecoder:
+        return FusedDecoder(self.current_weights(), stop_ids, self.settings.prompt_lookup)
+
+    def rows(self, rows: int) -> FusedRows:
+        return FusedRows(self.current_weights(), rows, self.settings.prompt_lookup)
 
     def close(self) -> None:
         self.weights = None

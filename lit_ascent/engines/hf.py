@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from lit_ascent.engines.base import Engine, GreedyDecoder
+from lit_ascent.engines.base import Engine, GreedyDecoder, turn_over
 
 
 class GrowingLayer(DynamicLayer):
@@ -151,10 +151,8 @@ class BatchedDecoder:
                     continue
                 outs[i].append(tokens[i])
                 pending[i] = [tokens[i]]
-                if tokens[i] in self.stop_ids:
-                    closed[i], live[i] = True, False
-                elif (should_stop[i] is not None and should_stop[i](outs[i])) or len(outs[i]) >= budgets[i]:
-                    live[i] = False
+                over, closed[i] = turn_over(tokens[i], outs[i], self.stop_ids, should_stop[i], budgets[i])
+                live[i] = not over
         self.unfed = pending  # each row's last token is fed with its next observation
         return list(zip(outs, closed))
 

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from lit_ascent.engines.base import AdapterWatch, Engine, lora_layers
+from lit_ascent.engines.base import AdapterWatch, Engine, lora_layers, turn_over
 
 log = logging.getLogger(__name__)
 
@@ -453,13 +453,10 @@ class VLLMDecoder:
                     raise RuntimeError(f"vLLM /v1/completions failed: {chunk['error']}")
                 for token in chunk["choices"][0].get("token_ids") or []:
                     out.append(int(token))
-                    if token in self.stop_ids:
-                        closed, done = True, True
-                    elif should_stop is not None and should_stop(out):
-                        done = True
-                    if done or len(out) >= max_new_tokens:
+                    done, closed = turn_over(int(token), out, self.stop_ids, should_stop, max_new_tokens)
+                    if done:
                         break
-                if done or len(out) >= max_new_tokens:
+                if done:
                     break  # closing the stream aborts the request on the server
         finally:
             resp.close()
