@@ -120,6 +120,28 @@ def episodes(policy, env, tasks, variants: list[str], max_turns: int) -> dict[st
     return out
 
 
+def evaluations(policy, env, tasks, variants: list[str], batch: int, max_turns: int) -> dict[str, dict]:
+    """Per engine and batch size (1, ``batch``): the frozen evaluation of ``tasks`` (``evaluate``, as the
+    held-out evaluation plays them): CPU seconds, generated tokens, tokens/s, and how many episodes equal
+    the first row's (the first engine, one episode at a time) token for token."""
+    from lit_ascent.evaluate import evaluate
+
+    out, ref = {}, None
+    for v in variants:
+        for b in (1, batch):
+            with Clock() as c:
+                eps = evaluate(policy, env, tasks, _cfg(v, max_turns=max_turns), batch_size=b)
+            close_engines(policy.model)
+            gen = sum(e.timings["generated_tokens"] for e in eps)
+            ref = ref or eps
+            out[f"{v} x{b}"] = {"engine": v, "batch": b, "cpu_s": c.cpu, "generated_tokens": gen,
+                                "tokens_per_s": gen / c.cpu, "solved": sum(e.verified for e in eps),
+                                "identical": sum(a.token_ids == e.token_ids for a, e in zip(ref, eps)),
+                                "episodes": len(eps)}
+            print(f"  evaluation {v} x{b}: {gen / c.cpu:.1f} tok/s", flush=True)
+    return out
+
+
 def stream(variants: list[str], num_tasks: int, work: Path, quick: bool) -> dict[str, dict]:
     """Wall seconds of one train.py stream per engine, and its per-task (task, solved, turns, actions)."""
     out = {}
@@ -187,6 +209,11 @@ def run(args) -> dict:
         env = TextCraftEnv(depths=[2], split="eval")
     print("episodes", flush=True)
     r["episodes"] = episodes(policy, env, env.tasks()[: args.episodes], args.engines, 10)
+    if args.eval_tasks:
+        print("evaluations", flush=True)
+        r["eval_turns"] = 20
+        r["evaluations"] = evaluations(policy, env, env.tasks()[: args.eval_tasks], args.engines, args.eval_batch,
+                                       r["eval_turns"])
     if args.stream_tasks:
         print("streams", flush=True)
         with tempfile.TemporaryDirectory(prefix="bench_engines_") as work:
@@ -222,6 +249,18 @@ def markdown(r: dict) -> str:
         speed = f"{e['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf else ""
         lines.append(f"| {v} | {e['cpu_s']:.1f} | {e['generated_tokens']} | {e['tokens_per_s']:.1f} | {speed} | "
                      f"{e['identical']}/{e['episodes']} | {e['solved']} |")
+    if "evaluations" in r:
+        first = next(iter(r["evaluations"].values()))
+        lines += ["", f"Frozen evaluation (`evaluate`, as the held-out evaluation plays its tasks): {first['episodes']} "
+                  f"tasks, {r['eval_turns']} turns at most, one episode at a time (x1) and batched (x{r['evaluations'][next(reversed(r['evaluations']))]['batch']}: "
+                  "fused keeps that many episodes in flight, each on its own cache; hf decodes groups over one padded "
+                  "transformers cache):", "",
+                  "| engine | batch | CPU s | generated tokens | tok/s | vs first | episodes equal to first | solved |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for e in r["evaluations"].values():
+            lines.append(f"| {e['engine']} | {e['batch']} | {e['cpu_s']:.1f} | {e['generated_tokens']} | "
+                         f"{e['tokens_per_s']:.1f} | {e['tokens_per_s'] / first['tokens_per_s']:.2f}x | "
+                         f"{e['identical']}/{e['episodes']} | {e['solved']} |")
     if "stream" in r:
         first = next(iter(r["stream"].values()))
         lines += ["", f"Streams: `train.py` on the TextCraft reference config, {first['tasks']} tasks, one engine "
@@ -249,6 +288,10 @@ class EnginesBenchOptions:
     """Rows of VARIANTS, hf first (the reference the others are compared with)."""
     episodes: int = 4
     """Real episodes per engine."""
+    eval_tasks: int = 8
+    """Tasks of the frozen-evaluation rows per engine and batch size (0: skip)."""
+    eval_batch: int = 8
+    """Batch size of the batched evaluation rows."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Model dtype (float32: engines must give equal tokens; bfloat16: how often they do)."""
     stream_tasks: int = 10
