@@ -3,7 +3,10 @@
 # TextCraft base stream's first 20 tasks (model.playback.log) with one update setting, then plays the
 # 64 held-out goals with its frozen fast weights. Cells come from a queue file, one per line:
 #   base                      the base (no update): the initial model's held-out row
-#   <method> <lr> <steps> <k>  e.g. "ascent 1e-3 2 4" (method: a configs/methods overlay; ascent: none)
+#   <method> <lr> <steps> <k>  e.g. "ascent 1e-3 2 4" (method: an overlay in configs/methods, else configs/ablations
+#                              or configs/resail, e.g. reverse_kl, online_resail; ascent: none)
+#   <method> <lr> <steps> 0 own   the cell plays its own 20-task stream instead of the recorded one
+#                              (REINFORCE, REINFORCE++: their update uses every episode of their own policy)
 # Workers take lines off the queue's top (a copy: cp docs/results/efficacy/queue.txt /tmp/q); several may share
 # one queue, one per core: scripts/efficacy_proxy.sh /tmp/q & scripts/efficacy_proxy.sh /tmp/q &
 # Blank lines and lines starting with # are skipped.
@@ -23,13 +26,19 @@ while true; do
   line=$(head -n1 "$queue"); sed -i 1d "$queue"
   rmdir "$queue.lock"
   case "$line" in ''|'#'*) continue ;; esac
-  read -r method lr steps k <<<"$line"
+  read -r method lr steps k source <<<"$line"
+  episodes=(--model.playback.log "$log")
+  [ "${source:-}" = own ] && episodes=()
   if [ "$method" = base ]; then
     cell=base; extra=(--config configs/methods/base.yaml)
   else
     cell=${method}_lr${lr}_s${steps}_k${k}
     extra=(--model.optim.lr "$lr" --model.optim.updates_per_task "$steps" --model.replay.k "$k")
-    [ "$method" != ascent ] && extra=(--config "configs/methods/$method.yaml" "${extra[@]}")
+    if [ "$method" != ascent ]; then  # an overlay of configs/methods, else configs/ablations or configs/resail
+      overlay=$(ls configs/{methods,ablations,resail}/"$method".yaml 2>/dev/null | head -n1)
+      [ -n "$overlay" ] || { echo "$(date -u +%FT%T) skip $line: no configs/*/$method.yaml"; continue; }
+      extra=(--config "$overlay" "${extra[@]}")
+    fi
   fi
   out=runs/efficacy_proxy/$cell
   [ -e "$out/done" ] && continue
@@ -37,7 +46,7 @@ while true; do
   echo "$(date -u +%FT%T) start $cell"
   .venv/bin/python train.py fit --config configs/textcraft/ascent.yaml --config configs/heldout/textcraft.yaml \
     --heldout.include_initial false "${extra[@]}" --seed_everything 0 --data.seed 0 --data.num_tasks 20 \
-    --model.playback.log "$log" --trainer.default_root_dir "$out" > "$out/train.log" 2>&1
+    "${episodes[@]}" --trainer.default_root_dir "$out" > "$out/train.log" 2>&1
   rc=$?
   echo "$(date -u +%FT%T) end $cell rc=$rc"
   [ $rc -eq 0 ] && touch "$out/done"
