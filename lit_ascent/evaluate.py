@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from lit_ascent.engines.base import RowDecoder, turn_over
+from lit_ascent.engines.base import RowDecoder, take_tokens
 from lit_ascent.engines.hf import BatchedDecoder
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.memory import Memory
@@ -179,11 +179,7 @@ def continuous_rollouts(rows: RowDecoder, tokenizer, make_env: Callable[[], Text
         limits = {row: item.budget - len(item.out) for row, item in live.items()}
         for row, tokens in rows.step(limits).items():
             item = live[row]
-            for used, token in enumerate(tokens, 1):
-                item.out.append(token)
-                over, closed = turn_over(token, item.out, item.run.stop_ids, item.run.should_stop, item.budget)
-                if over:
-                    break
+            used, over, closed = take_tokens(tokens, item.out, item.run.stop_ids, item.run.should_stop, item.budget)
             if not over:
                 continue
             rows.accept(row, used)

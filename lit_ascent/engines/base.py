@@ -63,6 +63,19 @@ def turn_over(token: int, out: list[int], stop_ids: set[int], should_stop, budge
     return (should_stop is not None and should_stop(out)) or len(out) >= budget, False
 
 
+def take_tokens(tokens: list[int], out: list[int], stop_ids: set[int], should_stop, budget: int
+                ) -> tuple[int, bool, bool]:
+    """Append ``tokens`` to the turn's ``out`` one by one until the turn is over (``turn_over``):
+    (how many were taken, the turn is over, it ended on a stop id)."""
+    over = closed = False
+    for used, token in enumerate(tokens, 1):
+        out.append(token)
+        over, closed = turn_over(token, out, stop_ids, should_stop, budget)
+        if over:
+            return used, over, closed
+    return len(tokens), over, closed
+
+
 class GreedyDecoder:
     """The greedy loop shared by the in-process decoders; ``_feed`` runs the unfed ids and
     returns the (V,) logits of the last one. ``trace``, when a list, receives every decoded

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lit_ascent.engines.base import AdapterWatch, Engine, GreedyDecoder, turn_over
+from lit_ascent.engines.base import AdapterWatch, Engine, take_tokens
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
@@ -229,61 +229,39 @@ def forward(w: FusedWeights, caches: list[KVCache], feeds: list[list[int]], keep
     return list(logits.split(keep))
 
 
-class FusedDecoder(GreedyDecoder):
-    """One episode's decoder over ``FusedWeights``, with its own growing key/value buffers."""
+class FusedDecoder:
+    """One episode's decoder (the ``Decoder`` protocol): a one-row ``FusedRows``, turn by turn."""
 
     def __init__(self, weights: FusedWeights, stop_ids: set[int], lookup: int = 0):
-        self.cache = KVCache(weights)  # before the base class sets ``seen``
-        super().__init__(stop_ids)
-        self.w, self.lookup = weights, lookup
-        self.history: list[int] = []  # every id of the episode so far (where drafts are looked up)
+        self.rows, self.stop_ids, self._started = FusedRows(weights, 1, lookup), stop_ids, False
 
     @property
-    def seen(self) -> int:
-        return self.cache.seen
+    def trace(self) -> list[torch.Tensor] | None:
+        """When a list: receives the logits of every decoded token (exactness tests)."""
+        return self.rows.trace
 
-    @seen.setter
-    def seen(self, value: int) -> None:
-        self.cache.seen = value
+    @trace.setter
+    def trace(self, value: list[torch.Tensor] | None) -> None:
+        self.rows.trace = value
 
     def extend(self, ids: list[int]) -> None:
-        super().extend(ids)
-        self.history.extend(ids)
-
-    def _feed(self, draft: list[int] = ()) -> torch.Tensor:
-        """Run the unfed ids and ``draft``; the logits after the last unfed id and after each draft id
-        ((1 + len(draft), V); one row, (V,), without a draft). The cache keeps all of them until
-        ``seen`` is set back (rejected draft ids are overwritten later)."""
-        logits, = forward(self.w, [self.cache], [self.unfed + list(draft)], [1 + len(draft)])
-        self.unfed = []
-        return logits if draft else logits[0]
+        if self._started:
+            self.rows.extend(0, ids)
+        else:
+            self.rows.start(0, ids)
+            self._started = True
 
     def generate(self, max_new_tokens: int, should_stop=None) -> tuple[list[int], bool]:
-        """Greedy tokens, as ``GreedyDecoder.generate``; with ``lookup`` > 0, each forward also checks up to
-        ``lookup`` draft tokens copied from the episode so far (prompt lookup): a draft token is kept only
-        when it is the greedy token, so the output is the greedy output, in fewer forwards."""
-        if not self.lookup:
-            out, closed = super().generate(max_new_tokens, should_stop)
-            self.history.extend(out)
-            return out, closed
+        """Greedy tokens until a stop id (included; closed=True), ``should_stop`` or the budget. With prompt
+        lookup each forward also checks draft tokens copied from the episode so far, kept only where they
+        are the greedy tokens: the greedy output, in fewer forwards."""
         out: list[int] = []
         while len(out) < max_new_tokens:
-            fed, start = len(self.unfed), self.seen
-            draft = prompt_lookup(self.history, self.lookup, max_new_tokens - len(out) - 1)
-            logits = self._feed(draft)
-            logits = logits[None] if logits.dim() == 1 else logits
-            chain = greedy_chain(logits, draft)
-            for j, token in enumerate(chain):
-                if self.trace is not None:
-                    self.trace.append(logits[j].float().clone())
-                out.append(token)
-                self.history.append(token)
-                over, closed = turn_over(token, out, self.stop_ids, should_stop, max_new_tokens)
-                if over or j == len(chain) - 1:
-                    self.seen, self.unfed = start + fed + j, [token]  # the cache holds the kept ids only
-                    if over:
-                        return out, closed
-                    break
+            tokens = self.rows.step({0: max_new_tokens - len(out)})[0]
+            used, over, closed = take_tokens(tokens, out, self.stop_ids, should_stop, max_new_tokens)
+            if over:
+                self.rows.accept(0, used)
+                return out, closed
         return out, False
 
 
@@ -314,6 +292,8 @@ class FusedRows:
         self.unfed: list[list[int]] = [[] for _ in range(rows)]
         self.chains: list[list[int]] = [[] for _ in range(rows)]
         self.bases = [0] * rows
+        self.trace: list[torch.Tensor] | None = None
+        """When a list: receives the logits of every token of every chain (one-row use: exactness tests)."""
 
     def start(self, row: int, ids: list[int]) -> None:
         """Begin a new sequence in ``row`` with ``ids`` (the previous one's cache is dropped)."""
@@ -340,6 +320,8 @@ class FusedRows:
         for r, draft, rows in zip(fed, drafts, logits):
             self.chains[r], self.bases[r] = greedy_chain(rows, draft), len(self.history[r])
             self._keep(r, len(self.chains[r]))
+            if self.trace is not None:
+                self.trace.extend(rows[: len(self.chains[r])].float().clone())
         return {r: self.chains[r] for r in fed}
 
     def accept(self, row: int, used: int) -> None:
