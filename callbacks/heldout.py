@@ -32,7 +32,7 @@ from callbacks.transfer import fixed_tasks
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import GuardedEnv
 from lit_ascent.evaluate import evaluate
-from lit_ascent.records import record_rates
+from lit_ascent.records import read_records, record_rates
 from lit_ascent.results.paired import paired_counts, paired_stats
 from lit_ascent.trajectory import Episode, Task
 
@@ -85,6 +85,21 @@ def heldout_metrics(adapted: list[dict], initial: list[dict]) -> dict[str, float
     return metrics
 
 
+def recorded_initial(path: str, tasks: list[Task]) -> list[dict]:
+    """The initial model's records of ``tasks`` from an earlier run's held-out log (``heldout.initial_log``)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"heldout.initial_log: no file {path!r}")
+    records = [r for r in read_records(file) if r["model"] == "initial"]
+    got = sorted((r["task_index"], r["task_id"]) for r in records)
+    want = sorted((t.index, t.task_id) for t in tasks)
+    if got != want:
+        raise ValueError(f"heldout.initial_log {path}: its initial-model records are {len(got)} tasks, not this run's "
+                         f"{len(want)} held-out tasks at the same indices (heldout.env, num_tasks and seed must match "
+                         "the run that wrote it, with include_initial: true)")
+    return records
+
+
 def check_disjoint(heldout: list[Task], stream: list[Task]) -> None:
     """Fail when a held-out task is also a stream task (same environment name and task id)."""
     seen = {(t.env, t.task_id) for t in stream}
@@ -106,7 +121,8 @@ class HeldOutEval(PeriodicEval):
 
     def __init__(self, env: TextEnv | None = None, num_tasks: int | None = None, seed: int = 0,
                  every_n_tasks: int = 0, batch_size: int = 8, dtype: str = "float32",
-                 include_initial: bool = True, filename: str | None = "heldout.jsonl"):
+                 include_initial: bool = True, initial_log: str | None = None,
+                 filename: str | None = "heldout.jsonl"):
         """
         Args:
             env: The held-out environment, its own instance, disjoint from the stream (None: off).
@@ -116,6 +132,10 @@ class HeldOutEval(PeriodicEval):
             batch_size: Held-out episodes decoded together.
             dtype: The weights' dtype during the evaluation (float32: batched episodes equal one-at-a-time ones).
             include_initial: Also evaluate the initial model (adapter disabled) once, before the first task.
+            initial_log: Take the initial model's records from an earlier run's held-out log (its
+                ``heldout.jsonl`` or archived ``.heldout.jsonl.gz``) on the same tasks instead of playing
+                them again: the initial model and its greedy float32 episodes are the same in every run
+                (None: play them). Checked at setup: the same task ids at the same indices.
             filename: Per-task JSONL records in the run folder (None: loggers only).
         """
         if num_tasks is not None and num_tasks < 1:
@@ -130,7 +150,10 @@ class HeldOutEval(PeriodicEval):
             raise ValueError(f"heldout.filename must be a plain file name or null, got {filename!r}")
         super().__init__(every_n_tasks, None)  # metrics go to the loggers; the JSONL holds per-task records
         self.env, self.num_tasks, self.seed = env, num_tasks, seed
+        if initial_log is not None and not include_initial:
+            raise ValueError("heldout.initial_log is set but heldout.include_initial is false")
         self.batch_size, self.dtype, self.include_initial = batch_size, dtype, include_initial
+        self.initial_log = initial_log
         self.records_file = filename
         self.tasks: list[Task] = []
         self.initial: list[dict] = []
@@ -138,6 +161,7 @@ class HeldOutEval(PeriodicEval):
         self.path: Path | None = None
         self._guarded: GuardedEnv | None = None
         self._resume_offset: int | None = None
+        self._initial_written = False
 
     @property
     def enabled(self) -> bool:
@@ -153,6 +177,8 @@ class HeldOutEval(PeriodicEval):
             self.tasks = fixed_tasks(self.env, self.num_tasks, self.seed)
         datamodule = trainer.datamodule
         check_disjoint(self.tasks, getattr(datamodule, "stream", []))
+        if self.initial_log and not self.initial:
+            self.initial = recorded_initial(self.initial_log, self.tasks)
         timeout = getattr(getattr(datamodule, "env", None), "step_timeout_s", 300.0)
         self._guarded = GuardedEnv(self.env, timeout)  # a fault fails one held-out episode, not the run
         if self.records_file:
@@ -180,10 +206,12 @@ class HeldOutEval(PeriodicEval):
             f.writelines(json.dumps(r) + "\n" for r in records)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if not (self.enabled and self.include_initial) or self.initial:
+        if not (self.enabled and self.include_initial) or self._initial_written:
             return
-        self.initial = episode_records(self.play(pl_module, initial=True), "initial", 0)
+        if not self.initial:
+            self.initial = episode_records(self.play(pl_module, initial=True), "initial", 0)
         self.write(trainer, self.initial)
+        self._initial_written = True
         rate = record_rates(self.initial)["success_rate"]
         record_metrics(trainer, {"heldout/initial_success_rate": rate}, 0)
         log.info("held-out: initial model solved %d of %d tasks", sum(r["verified"] for r in self.initial),
@@ -213,5 +241,6 @@ class HeldOutEval(PeriodicEval):
         """Continue from a stream checkpoint. Records written after it are cut before the next write
         (they are redone); a finished stream writes nothing more and keeps its end-of-stream records."""
         self.history, self.initial = list(state["history"]), list(state["initial"])
+        self._initial_written = bool(self.initial)
         self._tasks_seen, self._last_step = state["tasks_seen"], state["last_step"]
         self._resume_offset = state["offset"]

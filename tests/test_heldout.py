@@ -294,6 +294,34 @@ def test_debug_config_refuses_a_heldout_set_that_overlaps_the_stream(tmp_path):
         main(debug_args(tmp_path, "--heldout.env", "lit_ascent.envs.ScriptedEnv"))
 
 
+def test_initial_log_reuses_an_earlier_runs_initial_records_instead_of_playing_them(tmp_path, monkeypatch):
+    import callbacks.heldout as heldout_module
+
+    main(debug_args(tmp_path / "first", "--heldout.env", HELDOUT_ENV, "--heldout.batch_size", "2"))
+    first = read_lines(tmp_path / "first" / "debug" / "version_0" / "heldout.jsonl")
+    played = []
+    evaluate = heldout_module.evaluate
+    monkeypatch.setattr(heldout_module, "evaluate", lambda *a, **kw: played.append(1) or evaluate(*a, **kw))
+    log = tmp_path / "first" / "debug" / "version_0" / "heldout.jsonl"
+    main(debug_args(tmp_path / "second", "--heldout.env", HELDOUT_ENV, "--heldout.batch_size", "2",
+                    "--heldout.initial_log", str(log)))
+    second = read_lines(tmp_path / "second" / "debug" / "version_0" / "heldout.jsonl")
+    assert played == [1]  # the adapted model only: the initial model's records came from the log
+    assert second == first  # the same records, the initial ones copied, the adapted ones played again
+
+
+def test_initial_log_of_other_tasks_or_without_initial_records_fails_naming_the_option(tmp_path):
+    main(debug_args(tmp_path / "first", "--heldout.env", HELDOUT_ENV, "--heldout.batch_size", "2"))
+    log = str(tmp_path / "first" / "debug" / "version_0" / "heldout.jsonl")
+    with pytest.raises(ValueError, match=r"heldout\.initial_log .*2 held-out tasks"):
+        main(debug_args(tmp_path / "fewer", "--heldout.env", HELDOUT_ENV, "--heldout.num_tasks", "2",
+                        "--heldout.initial_log", log))
+    with pytest.raises(ValueError, match=r"heldout\.initial_log: no file"):
+        main(debug_args(tmp_path / "none", "--heldout.env", HELDOUT_ENV, "--heldout.initial_log", log + ".missing"))
+    with pytest.raises(ValueError, match=r"heldout\.initial_log is set but heldout\.include_initial is false"):
+        HeldOutEval(ScriptedEnv(), include_initial=False, initial_log=log)
+
+
 class CrashAt(L.Callback):
     """Raises at the start of stream task ``index`` while $HELDOUT_TEST_CRASH is set (a crash mid-stream)."""
 
