@@ -86,6 +86,22 @@ def test_batched_with_deep_copied_env_and_plain_model(policy):
     assert [_signature(e) for e in bat] == [_signature(e) for e in seq]
 
 
+@pytest.mark.parametrize("engine", ["hf", "fused"])
+def test_batched_equals_sequential_with_non_zero_fast_weights(eos_prone, engine):
+    """After updates the LoRA runs (hf: PEFT's unmerged layers over the padded batch; fused: folded in)."""
+    from lit_ascent.bench.engines import perturb
+
+    perturb(eos_prone.model, 0.3, seed=4)
+    env, tasks, contexts, cfg = _continuous_case()
+    cfg = replace(cfg, engine=engine)
+    ref = evaluate(eos_prone, env, tasks, replace(cfg, engine="hf"), contexts)
+    bat = evaluate(eos_prone, env, tasks, cfg, contexts, batch_size=3,
+                   env_factory=lambda: ScriptedEnv(num_tasks=7, episode_steps=4, verify_every=2))
+    assert [_signature(e) for e in bat] == [_signature(e) for e in ref]
+    perturb(eos_prone.model, 0.0)
+    assert [e.token_ids for e in evaluate(eos_prone, env, tasks, cfg, contexts)] != [e.token_ids for e in ref]
+
+
 def test_bad_batch_arguments(policy, scripted):
     with pytest.raises(ValueError, match="batch_size"):
         evaluate(policy, scripted, scripted.tasks(), RolloutConfig(), batch_size=0)
