@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,22 @@ def test_ablation_differs_from_ascent_only_where_it_should(ablation, changed):
     assert method_callbacks(abl) == expected_callbacks
     assert abl.config.model.llm == ref.config.model.llm and abl.config.data == ref.config.data
     assert (abl.model.replay_cfg.k, ref.model.replay_cfg.k) == ((4, 0) if ablation == "replay" else (0, 0))
+
+
+@pytest.mark.parametrize("budget", sorted(CONFIGS.glob("efficacy/lr*.yaml")), ids=lambda p: p.stem)
+def test_efficacy_overlays_set_the_budget_their_name_says_and_nothing_else(budget):
+    lr, steps, k = re.fullmatch(r"lr([0-9.e-]+)_s(\d+)_k(\d+)", budget.stem).groups()
+    env, heldout, method = (CONFIGS / name for name in ("textcraft/ascent.yaml", "heldout/textcraft.yaml",
+                                                        "methods/rft.yaml"))
+    ref = parse(env, heldout, method)
+    run = parse(env, heldout, CONFIGS / "efficacy/no_initial.yaml", budget, method)
+    assert (run.model.optim_cfg.lr, run.model.optim_cfg.updates_per_task, run.model.replay_cfg.k) == \
+        (float(lr), int(steps), int(k))
+    assert ref.config.heldout.include_initial and not run.config.heldout.include_initial
+    assert type(run.model.objective) is Imitation and method_callbacks(run) == [VerificationGate]
+    changed = {key for key, value in flat(run.config.as_dict()).items() if flat(ref.config.as_dict()).get(key) != value}
+    assert changed <= {"config", "heldout.include_initial", "model.optim.lr", "model.optim.updates_per_task",
+                       "model.replay.k"}
 
 
 def cycles_base(overlay: Path) -> Path:
