@@ -76,3 +76,27 @@ def test_archive_then_table_from_the_archive(tmp_path):
     assert lines[3].startswith("| ascent_lr1e-3_s1_k0 | 0.001 | 1 | 0 | 3/4 | +25.0 [")
     assert "- chosen for ascent among its 1 cell(s) here: ascent_lr1e-3_s1_k0" in text
     assert json.loads((tmp_path / "sweep.json").read_text())[0]["cell"] in ("base", "ascent_lr1e-3_s1_k0")
+
+
+def test_validity_pairs_each_stream_seed_with_the_base_of_its_seed(tmp_path):
+    def write(path, records):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
+
+    streams = tmp_path / "runs"
+    write(streams / "base" / "seed0.heldout.jsonl.gz", heldout("1100"))
+    write(streams / "base" / "seed1.heldout.jsonl.gz", heldout("0011"))
+    write(streams / "ascent_lr1e-4_s1_k0" / "seed0.heldout.jsonl.gz", heldout("1000"))
+    write(streams / "ascent_lr1e-4_s1_k0" / "seed0.jsonl.gz", stream([0.5, 0.25], 0.0))
+    write(streams / "ascent_lr1e-4_s1_k0" / "seed1.heldout.jsonl.gz", heldout("1111"))
+    proxy = heldout("1110")
+    rows = [sweep.cell_row("base", [], heldout("1100"), None), sweep.cell_row("ascent_lr1e-4_s1_k0", [], proxy, None),
+            sweep.cell_row("ascent_lr1e-3_s1_k0", [], proxy, None)]  # no streams: not in the table
+    got = sweep.validity_rows(rows, streams)
+    assert [(r["cell"], r["run"], r["solved"]) for r in got] == [
+        ("ascent_lr1e-4_s1_k0", "proxy", 3), ("ascent_lr1e-4_s1_k0", "seed0", 1), ("ascent_lr1e-4_s1_k0", "seed1", 4)]
+    assert got[1]["counts"] == {"both": 1, "only_method": 0, "only_base": 1, "neither": 2}  # vs base seed 0
+    assert got[2]["counts"] == {"both": 2, "only_method": 2, "only_base": 0, "neither": 0}  # vs base seed 1
+    assert got[1]["updates"] == 2 and got[1]["absorbed"] == pytest.approx(0.375)
+    table = sweep.validity_markdown(got).splitlines()
+    assert table[3].startswith("| ascent_lr1e-4_s1_k0 | seed0 | 1/4 | -25.0 [") and len(table) == 5

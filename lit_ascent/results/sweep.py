@@ -16,7 +16,8 @@ the 95% interval of the difference), held-out turns, invalid-action and repeated
 collapse diagnostics), the updates and the share of each episode's loss they absorbed, the action
 drift on the probe set before the last task, and the update's CPU seconds. ``chosen`` applies the
 plan's rule (docs/results/efficacy/PLAN.md): highest held-out success, then the lower action drift,
-then the smaller budget lr x steps x (1 + k).
+then the smaller budget lr x steps x (1 + k). With ``--streams`` (a report's run archive), the cells that
+were also run as full streams get the proxy-validity table: the proxy's row above each stream seed's.
 """
 from __future__ import annotations
 
@@ -114,6 +115,13 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _outcome_cells(r: dict) -> str:
+    """held-out | vs base | p | turns | invalid | repeat | updates | absorbed, the columns every table here shares."""
+    vs = (format_difference(r), f"{r['p']:.3g}") if "p" in r else ("-", "-")
+    return (f"{r['solved']}/{r['tasks']} | {vs[0]} | {vs[1]} | {r['turns']:.1f} | {r['invalid_rate']:.1%} "
+            f"| {_num(r['repeat_rate'], '.1%')} | {r['updates']} | {_num(r['absorbed'], '.0%')}")
+
+
 def sweep_markdown(rows: list[dict]) -> str:
     """The sweep table, one row per cell (base first, then by method and budget), and each method's choice."""
     rows = sorted(rows, key=lambda r: (r["method"] != BASE, r["method"], budget(r), r["lr"], r["steps"], r["k"]))
@@ -121,14 +129,37 @@ def sweep_markdown(rows: list[dict]) -> str:
              "| updates | absorbed | action KL | changed | update s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        vs = (format_difference(r), f"{r['p']:.3g}") if "p" in r else ("-", "-")
-        lines.append(f"| {r['cell']} | {r['lr']:g} | {r['steps']} | {r['k']} | {r['solved']}/{r['tasks']} "
-                     f"| {vs[0]} | {vs[1]} | {r['turns']:.1f} | {r['invalid_rate']:.1%} | {_num(r['repeat_rate'], '.1%')} "
-                     f"| {r['updates']} | {_num(r['absorbed'], '.0%')} | {_num(r['action_kl'], '.2g')} "
-                     f"| {_num(r['action_changes'], '.0f')} | {r['update_s']:.0f} |")
+        lines.append(f"| {r['cell']} | {r['lr']:g} | {r['steps']} | {r['k']} | {_outcome_cells(r)} "
+                     f"| {_num(r['action_kl'], '.2g')} | {_num(r['action_changes'], '.0f')} | {r['update_s']:.0f} |")
     methods = sorted({r["method"] for r in rows} - {BASE})
     count = {m: sum(r["method"] == m for r in rows) for m in methods}
     lines += ["", *(f"- chosen for {m} among its {count[m]} cell(s) here: {chosen(rows, m)['cell']}" for m in methods)]
+    return "\n".join(lines) + "\n"
+
+
+def validity_rows(rows: list[dict], streams: Path) -> list[dict]:
+    """Proxy validity: for each cell also run as full streams (a report archive holding
+    ``<streams>/<cell>/seed<k>.heldout.jsonl.gz``), the proxy's row, then one row per stream seed paired with the
+    base run of its seed (``<streams>/base/seed<k>.heldout.jsonl.gz``); ``run`` names which."""
+    out = []
+    for row in sorted(rows, key=lambda r: r["cell"]):
+        runs = sorted((Path(streams) / row["cell"]).glob(f"seed*{HELDOUT_SUFFIX}"))
+        if row["cell"] == BASE or not runs:
+            continue
+        out.append({**row, "run": "proxy"})
+        for path in runs:
+            seed = path.name[:-len(HELDOUT_SUFFIX)]
+            log, base = path.with_name(seed + SUFFIX), Path(streams) / BASE / path.name
+            out.append({**cell_row(row["cell"], read_records(log) if log.is_file() else [], read_records(path),
+                                   read_records(base) if base.is_file() else None), "run": seed})
+    return out
+
+
+def validity_markdown(rows: list[dict]) -> str:
+    """The proxy-validity table: a setting's proxy cell above its full streams, each against its own base."""
+    lines = ["| setting | run | held-out | vs base, points [95% CI] | p | turns | invalid | repeat | updates | absorbed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['cell']} | {r['run']} | {_outcome_cells(r)} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -142,6 +173,9 @@ class SweepOptions:
     """Where the cells are kept (and read from)."""
     out: str = "docs/results/efficacy/sweep"
     """Output path without extension: ``.md`` (the table) and ``.json`` (the rows)."""
+    streams: str | None = None
+    """A report's run archive (e.g. docs/results/efficacy/runs) holding full streams of some cells: also write
+    ``<out>_validity.md``, the proxy against those streams (``validity_rows``)."""
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -158,6 +192,10 @@ def main(argv: list[str] | None = None) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    if args.streams:
+        validity = validity_markdown(validity_rows(rows, Path(args.streams)))
+        out.with_name(f"{out.name}_validity.md").write_text(validity)
+        text += "\n" + validity
     print(text)
     return text
 
