@@ -1,9 +1,9 @@
-"""Held-out frozen evaluation: the paired statistics against hand-made cases and published values,
-the float32 cast, the callback end to end on the debug config, its resume, and the report's table."""
+"""Held-out frozen evaluation: its metrics against a hand-made case, the float32 cast, the callback end to
+end on the debug config, and its resume (the statistics: test_paired.py; the report's table:
+test_report_heldout.py)."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,23 +11,22 @@ import lightning as L
 import pytest
 import torch
 from conftest import TINY
-from test_report import records_of
+from test_paired import newcombe_by_hand
 from test_transfer import MemoryLogger
 
 from callbacks.heldout import HeldOutEval, cast_weights, check_disjoint, heldout_metrics
 from callbacks.stream_checkpoint import STATE_FILE, load_state
 from datamodules import TaskStreamDataModule
-from lit_ascent.results import paired, report, run_archive
 from lit_ascent.cli import main
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.models import load_policy
 from lit_ascent.module import OaTTTModule
 from lit_ascent.objectives import Distillation
+from lit_ascent.results import paired
 from lit_ascent.rollout import RolloutConfig
 from lit_ascent.trajectory import Task
 
 DEBUG = str(Path(__file__).resolve().parents[1] / "configs" / "debug.yaml")
-Z = 1.959964
 
 
 class OffsetScriptedEnv(ScriptedEnv):
@@ -39,61 +38,6 @@ class OffsetScriptedEnv(ScriptedEnv):
 
     def tasks(self) -> list[Task]:
         return [Task(self.name, f"task-{self.first + k}") for k in range(self.num_tasks)]
-
-
-# -- the statistics -----------------------------------------------------------------------------
-def wilson_by_hand(s: int, n: int) -> tuple[float, float]:
-    """The two roots in p of (s/n - p)^2 = z^2 p (1 - p) / n (the score test's acceptance limits)."""
-    q = s / n
-    a, b, c = 1 + Z * Z / n, -(2 * q + Z * Z / n), q * q
-    root = math.sqrt(b * b - 4 * a * c)
-    return (-b - root) / (2 * a), (-b + root) / (2 * a)
-
-
-def newcombe_by_hand(a: int, b: int, c: int, d: int) -> tuple[float, float]:
-    n = a + b + c + d
-    p1, p2 = (a + b) / n, (a + c) / n
-    (l1, u1), (l2, u2) = wilson_by_hand(a + b, n), wilson_by_hand(a + c, n)
-    cross = a * d - b * c
-    cross = max(cross - n / 2, 0) if cross > 0 else cross
-    phi = cross / math.sqrt((a + b) * (c + d) * (a + c) * (b + d))
-    lower = p1 - p2 - math.sqrt((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2)
-    upper = p1 - p2 + math.sqrt((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2)
-    return lower, upper
-
-
-@pytest.mark.parametrize("s,n", [(81, 263), (15, 148), (1, 29), (7, 64), (64, 64)])
-def test_wilson_interval_is_the_score_test_inversion(s, n):
-    assert paired.wilson_interval(s, n) == pytest.approx(wilson_by_hand(s, n), abs=1e-12)
-
-
-def test_wilson_interval_published_values_and_limits():
-    # Newcombe (1998a), Stat. Med. 17:857, Table I, method 3 (score, no continuity correction)
-    published = {(81, 263): (0.2553, 0.3662), (15, 148): (0.0624, 0.1605), (0, 20): (0.0, 0.1611),
-                 (1, 29): (0.0061, 0.1718)}
-    for (s, n), interval in published.items():
-        assert paired.wilson_interval(s, n) == pytest.approx(interval, abs=5e-5)
-    assert paired.wilson_interval(0, 20)[1] == pytest.approx(Z * Z / (20 + Z * Z))  # closed form at s = 0
-    assert paired.wilson_interval(0, 0) == (0.0, 1.0)
-
-
-@pytest.mark.parametrize("counts", [(20, 9, 3, 32), (5, 1, 7, 51), (30, 2, 2, 30), (0, 4, 1, 59)])
-def test_paired_interval_against_the_formula_by_hand(counts):
-    low, high = paired.paired_difference_interval(*counts)
-    assert (low, high) == pytest.approx(newcombe_by_hand(*counts), abs=1e-12)
-    a, b, c, d = counts
-    assert low <= (b - c) / sum(counts) <= high
-    # the method and the base swapped: the interval is mirrored
-    assert paired.paired_difference_interval(a, c, b, d) == pytest.approx((-high, -low), abs=1e-12)
-
-
-def test_paired_interval_published_values():
-    # Newcombe (1998b), Stat. Med. 17:2635, method 10, his examples (a, b, c, d)
-    published = {(36, 12, 2, 0): (0.0569, 0.3404), (18, 12, 2, 18): (0.0562, 0.3290), (53, 0, 0, 1): (-0.0729, 0.0729)}
-    for counts, interval in published.items():
-        assert paired.paired_difference_interval(*counts) == pytest.approx(interval, abs=5e-5)
-    assert paired.paired_phi(10, 0, 0, 0) == 0.0  # an empty margin: phi = 0
-    assert paired.paired_difference_interval(0, 0, 0, 0) == (-1.0, 1.0)
 
 
 def records(outcomes: str, model: str = "adapted", tasks_seen: int = 8) -> list[dict]:
@@ -359,66 +303,3 @@ def test_resume_keeps_the_initial_outcomes_and_drops_records_after_the_checkpoin
     assert offset == len("".join(path.read_text().splitlines(keepends=True)[:6]).encode())
     main([*args, "--ckpt_path", "last"])  # a finished stream: nothing to redo, the end-of-stream records stay
     assert read_lines(path) == lines
-
-
-# -- the report ---------------------------------------------------------------------------------------
-def test_report_heldout_table_against_hand_made_records(tmp_path):
-    root, out = tmp_path / "compare", tmp_path / "out"
-    initial = records("11000000", "initial", 0)
-    heldout = {  # method -> seed -> adapted outcomes at the end (and an earlier point that must be ignored)
-        "base": {"seed0": "11000000", "seed1": "11000000"},
-        "ascent": {"seed0": "11110000", "seed1": "10111000"},
-    }
-    for method, seeds in heldout.items():
-        for seed, outcomes in seeds.items():
-            run = root / method / seed
-            run.mkdir(parents=True)
-            (run / "experience.jsonl").write_text(json.dumps(records_of([("s0", 1, 2, 0)])[0]) + "\n")
-            lines = initial + records("00000000", tasks_seen=4) + records(outcomes, tasks_seen=8)
-            (run / run_archive.HELDOUT_NAME).write_text("".join(json.dumps(r) + "\n" for r in lines))
-    (root / "ascent" / "seed0" / run_archive.MARKER).write_text("{}")
-    files = report.write_report(root, out)
-    rows = {r["method"]: r for r in json.loads(files["heldout"].read_text())}
-    # ascent: seed0 both h0 h1, only adapted h2 h3; seed1 both h0, only adapted h2 h3 h4, only initial h1
-    a = rows["ascent"]
-    assert (a["both"], a["only_method"], a["only_base"], a["neither"]) == (3, 5, 1, 7)
-    assert a["p"] == pytest.approx(paired.mcnemar_exact_p(5, 1)) and a["diff"] == pytest.approx(4 / 16)
-    assert (a["diff_low"], a["diff_high"]) == pytest.approx(newcombe_by_hand(3, 5, 1, 7), abs=1e-12)
-    assert a["success"][:2] == pytest.approx([(4 / 8 + 4 / 8) / 2, 0.0])
-    assert a["initial_success"][:2] == pytest.approx([2 / 8, 0.0]) and a["tasks_seen"] == [8]
-    assert (rows["base"]["only_method"], rows["base"]["only_base"], rows["base"]["p"]) == (0, 0, 1.0)
-    table = files["table"].read_text()
-    assert "Held-out evaluation (frozen, end of stream)" in table
-    # the stream's paired table gains the difference: 2 of 2 solved by both, Wilson lower bound of 2/2 = 0.342
-    assert "| ascent | pooled | 2 | 0 | 0 | 0 | 1 | +0.0 [-65.8, +65.8] |" in table
-    assert f"| ascent | 2 | 8 | 8 | 50.0 ± 0.0 | 25.0 ± 0.0 | 0 | 3 | 5 | 1 | 7 | {14 / 64:.3g} |" in table
-    # the finished run's records are archived beside its log and read back without the run folder
-    assert (out / "runs" / "ascent" / "seed0.heldout.jsonl.gz").is_file()
-    assert set(run_archive.load_archive(out / "runs")["ascent"]) == {"seed0"}
-    assert set(run_archive.load_archive(out / "runs", run_archive.HELDOUT_SUFFIX)["ascent"]) == {"seed0"}
-
-
-def test_report_pairs_a_run_without_its_initial_row_with_the_base_run_of_its_seed(tmp_path):
-    root = tmp_path / "compare"
-    heldout = {  # method -> seed -> (initial outcomes or None, adapted outcomes at the end)
-        "base": {"seed0": (None, "1100"), "seed1": (None, "1010")},
-        "ascent": {"seed0": (None, "1110"), "seed1": (None, "0011"), "seed2": (None, "1111")},
-        "rft": {"seed0": ("0000", "1000")},
-    }
-    for method, seeds in heldout.items():
-        for seed, (initial, adapted) in seeds.items():
-            run = root / method / seed
-            run.mkdir(parents=True)
-            (run / "experience.jsonl").write_text(json.dumps(records_of([("s0", 1, 2, 0)])[0]) + "\n")
-            lines = (records(initial, "initial", 0) if initial else []) + records(adapted, tasks_seen=4)
-            (run / run_archive.HELDOUT_NAME).write_text("".join(json.dumps(r) + "\n" for r in lines))
-    rows = {r["method"]: r for r in json.loads(report.write_report(root, tmp_path / "out")["heldout"].read_text())}
-    # ascent seed0 vs base seed0 (1100): both h0 h1, only adapted h2, neither h3; seed1 vs 1010: both h2, only
-    # adapted h3, only base h0, neither h1; seed2 has no base run of its seed: no initial row, no pairs
-    a = rows["ascent"]
-    assert a["initial_from_base"] == 2 and a["seeds"] == 3
-    assert (a["both"], a["only_method"], a["only_base"], a["neither"]) == (3, 2, 1, 2)
-    assert a["initial_success"][:2] == pytest.approx([0.5, 0.0])
-    # a run with its own initial row keeps it; the base is never paired with itself
-    assert rows["rft"]["initial_from_base"] == 0 and rows["rft"]["only_method"] == 1
-    assert rows["base"]["initial_from_base"] == 0 and "p" not in rows["base"]

@@ -31,7 +31,7 @@ from lit_ascent.metrics import repeated_actions
 from lit_ascent.options import parse_options
 from lit_ascent.records import read_records, record_rates
 from lit_ascent.results.paired import format_difference, paired_counts, paired_stats
-from lit_ascent.results.run_archive import HELDOUT_NAME, HELDOUT_SUFFIX, LOG_NAME, SUFFIX
+from lit_ascent.results.run_archive import HELDOUT_NAME, HELDOUT_SUFFIX, LOG_NAME, SUFFIX, load_archive
 
 BASE = "base"
 CELL = re.compile(r"(?P<method>[a-z_]+?)_lr(?P<lr>[0-9.]+(?:e-?\d+)?)_s(?P<steps>\d+)_k(?P<k>\d+)")
@@ -138,20 +138,19 @@ def sweep_markdown(rows: list[dict]) -> str:
 
 
 def validity_rows(rows: list[dict], streams: Path) -> list[dict]:
-    """Proxy validity: for each cell also run as full streams (a report archive holding
+    """Proxy validity: for each cell also run as full streams (a report archive, ``run_archive.load_archive``:
     ``<streams>/<cell>/seed<k>.heldout.jsonl.gz``), the proxy's row, then one row per stream seed paired with the
     base run of its seed (``<streams>/base/seed<k>.heldout.jsonl.gz``); ``run`` names which."""
+    heldout, logs = load_archive(Path(streams), HELDOUT_SUFFIX), load_archive(Path(streams))
+    bases = heldout.get(BASE, {})
     out = []
     for row in sorted(rows, key=lambda r: r["cell"]):
-        runs = sorted((Path(streams) / row["cell"]).glob(f"seed*{HELDOUT_SUFFIX}"))
-        if row["cell"] == BASE or not runs:
+        if row["cell"] == BASE or row["cell"] not in heldout:
             continue
         out.append({**row, "run": "proxy"})
-        for path in runs:
-            seed = path.name[:-len(HELDOUT_SUFFIX)]
-            log, base = path.with_name(seed + SUFFIX), Path(streams) / BASE / path.name
-            out.append({**cell_row(row["cell"], read_records(log) if log.is_file() else [], read_records(path),
-                                   read_records(base) if base.is_file() else None), "run": seed})
+        for seed, records in sorted(heldout[row["cell"]].items()):
+            stream = logs.get(row["cell"], {}).get(seed, [])
+            out.append({**cell_row(row["cell"], stream, records, bases.get(seed)), "run": seed})
     return out
 
 
