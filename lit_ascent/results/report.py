@@ -32,6 +32,7 @@ from lit_ascent.results.paired import (COUNTS, Records, Runs, format_difference,
                                 paired_rows, paired_stats, task_matrix)
 from lit_ascent.results.run_archive import (HELDOUT_NAME, HELDOUT_SUFFIX, archive_finished, load_archive, merge_previous,
                                     merge_runs, read_records)
+from lit_ascent.results.memory_stats import memory_markdown, memory_rows
 from lit_ascent.results.update_stats import DRIFT, ENTROPY, update_markdown, update_rows
 
 COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
@@ -303,14 +304,40 @@ def plot_curves(curves: dict, title: str, ylabel: str, path: Path) -> Path:
     return path
 
 
+def parse_pair(pair: str, methods) -> tuple[str, str]:
+    """``"method:reference"`` -> (method, reference), both methods of the report."""
+    method, sep, reference = pair.partition(":")
+    missing = [m for m in (method, reference) if m not in methods]
+    if not sep or not method or not reference or missing:
+        raise ValueError(f"--pairs {pair!r}: expected METHOD:REFERENCE, two of the report's methods "
+                         f"{sorted(methods)}" + (f"; not among them: {missing}" if sep and missing else ""))
+    return method, reference
+
+
+def pair_markdown(runs: Runs, heldout: Runs, method: str, reference: str) -> str:
+    """``method`` paired with another method ``reference`` task by task on the stream (same seed) and, where both
+    have a held-out evaluation, their end-of-stream held-out agents on the same tasks (``paired_rows``)."""
+    both = {method: runs[method], reference: runs[reference]}
+    text = (f"\n`{method}` paired with `{reference}` on the stream (same seed, same tasks; p and interval as "
+            f"above):\n\n" + paired_markdown(paired_rows(both, reference), reference))
+    ends = {m: {seed: heldout_end(records)[0] for seed, records in heldout.get(m, {}).items() if seed in runs[m]}
+            for m in both}
+    if ends[method] and ends[reference]:
+        text += (f"\nTheir end-of-stream held-out agents, frozen, on the same held-out tasks:\n\n"
+                 + paired_markdown(paired_rows(ends, reference), reference))
+    return text
+
+
 def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False,
-                 previous: Path | None = None) -> dict[str, Path]:
+                 previous: Path | None = None, pairs: list[str] | None = None) -> dict[str, Path]:
     """Read the runs under ``root`` and those archived in ``out/runs``; write the table, the numbers and the plots.
 
     Finished runs under ``root`` are archived first (``run_archive``). ``prefix``:
     compare every run on its seed's common prefix (runs in progress included)
     instead of leaving unfinished runs out. ``previous``: an earlier report's
-    results.json whose per-seed figures fill in runs that have no log here.
+    results.json whose per-seed figures fill in runs that have no log here. ``pairs``:
+    ``"method:reference"`` comparisons besides the base (``pair_markdown``), e.g. whether
+    a memory and ASCENT add up (``ascent_procedural:procedural``).
     """
     archive = out / "runs"
     archive_finished(root, archive)
@@ -324,6 +351,7 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     else:
         runs, unfinished = split_unfinished(runs)
     runs = {m: runs[m] for m in method_order(runs, base)}
+    pairs = [parse_pair(pair, runs) for pair in pairs or ()]
     per_seed = per_seed_metrics(runs, base)
     taken = merge_previous(per_seed, json.loads(previous.read_text())) if previous else {}
     table = summary_table(per_seed, base)
@@ -354,8 +382,14 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
         paired += HELDOUT_INTRO + heldout_markdown(rows)
         files["heldout"] = out / "heldout.json"
         files["heldout"].write_text(json.dumps(rows, indent=1))
+    for method, reference in pairs:
+        paired += pair_markdown(runs, heldout, method, reference)
     updates = ("\nUpdates per run: loss of the objective per updating task, drift KL(student || initial) and "
                "entropy at the first response token over the stream (nats).\n\n" + update_markdown(update_rows(runs)))
+    if memory := memory_rows(runs):
+        updates += ("\nIn-context memory per run (`lit_ascent.memory`): tokens of the block each stream task was shown "
+                    "(a task with an empty memory counts 0), the entries shown and those the token cap cut.\n\n"
+                    + memory_markdown(memory))
     files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else "") + paired + updates)
     seeds = sorted({seed for by_seed in runs.values() for seed in by_seed})
     files["per_task"] = out / "per_task.md"
@@ -383,11 +417,13 @@ class ReportOptions:
     """Compare all runs on the tasks every run of the seed has finished (streams in progress)."""
     previous: Path | None = None
     """An earlier report's results.json: per-seed figures for runs without a log."""
+    pairs: list[str] = field(default_factory=list)
+    """METHOD:REFERENCE comparisons besides the base, paired task by task (e.g. ascent_procedural:procedural)."""
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     args = parse_options(ReportOptions, argv, prog="python -m lit_ascent.results.report", description=__doc__)
-    files = write_report(args.root, args.out, args.base, args.common_prefix, args.previous)
+    files = write_report(args.root, args.out, args.base, args.common_prefix, args.previous, args.pairs)
     print(files["table"].read_text())
     for name, path in files.items():
         print(f"{name}: {path}")

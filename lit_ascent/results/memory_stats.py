@@ -1,0 +1,59 @@
+"""What each run's in-context memory showed the student: tokens per task, entries shown and cut, its size.
+
+Read from the ``memory/*`` keys of the experience records (``lit_ascent.memory.memory_diagnostics``) as pure
+functions; ``python -m lit_ascent.results.report`` appends the table to ``results.md`` when a run has a memory.
+"""
+from __future__ import annotations
+
+import statistics
+
+from lit_ascent.results.paired import Records, Runs
+
+TOKENS, SHOWN, CUT, SIZE = "memory/tokens", "memory/shown", "memory/cut", "memory/size"
+
+
+def has_memory(records: Records) -> bool:
+    """Whether the run had a memory that ever held or showed anything (``NoMemory`` logs zeros)."""
+    return any(r.get(SIZE) or r.get(TOKENS) for r in records)
+
+
+def memory_stats(records: Records) -> dict:
+    """One run: mean and largest memory tokens per task (over all tasks, an empty memory counting 0), the
+    share of tasks shown a block, mean entries shown on those tasks, entries cut by the cap (total, and
+    tasks with a cut), and the memory's size after the last task."""
+    tokens = [r.get(TOKENS, 0.0) for r in records]
+    shown = [r[SHOWN] for r in records if r.get(TOKENS)]
+    cuts = [r.get(CUT, 0.0) for r in records]
+    return {
+        "tasks": len(records),
+        "tokens_mean": statistics.fmean(tokens) if tokens else None,
+        "tokens_max": max(tokens, default=None),
+        "shown_share": len(shown) / len(records) if records else None,
+        "entries_mean": statistics.fmean(shown) if shown else None,
+        "cut": sum(cuts),
+        "tasks_cut": sum(c > 0 for c in cuts),
+        "size_end": records[-1].get(SIZE) if records else None,
+    }
+
+
+def memory_rows(runs: Runs) -> list[dict]:
+    """One row per (method, seed) whose run had a memory, in the order of ``runs``."""
+    return [{"method": method, "seed": seed, **memory_stats(records)}
+            for method, seeds in runs.items() for seed, records in sorted(seeds.items()) if has_memory(records)]
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def memory_markdown(rows: list[dict]) -> str:
+    """The memory rows as a markdown table."""
+    head = ["method", "seed", "tasks", "memory tokens per task (mean / max)", "tasks shown memory",
+            "entries shown (mean)", "entries cut (total / tasks)", "entries at the end"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['seed']} | {r['tasks']} | {_num(r['tokens_mean'], '.0f')} / "
+                     f"{_num(r['tokens_max'], '.0f')} | {_num(r['shown_share'], '.0%')} | "
+                     f"{_num(r['entries_mean'], '.2f')} | {r['cut']:.0f} / {r['tasks_cut']} | "
+                     f"{_num(r['size_end'], '.0f')} |")
+    return "\n".join(lines) + "\n"
