@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from lit_ascent.engines import close_engines, engine_for
-from lit_ascent.engines.vllm import REPO_ROOT, VLLMEngine, VLLMSettings, _sweep_stale_dirs
+from lit_ascent.engines.server_process import sweep_stale_dirs
+from lit_ascent.engines.vllm import REPO_ROOT, VLLMEngine, VLLMSettings
 from lit_ascent.envs import ScriptedEnv
 from lit_ascent.rollout import RolloutConfig
 from test_engines import _episode, _perturb, _same
@@ -188,7 +189,7 @@ def test_server_dies_with_its_parent_process():
         child.wait(10)
         assert _gone(pid), f"the vLLM server {pid} outlived its SIGKILLed parent"
         assert tmp.exists() and not (tmp / "base" / "model.safetensors").exists()  # weights dropped once loaded
-        _sweep_stale_dirs()  # what the next engine does first: the dead process's dir goes
+        sweep_stale_dirs()  # what the next engine does first: the dead process's dir goes
         assert not tmp.exists()
     finally:
         if child.poll() is None:

