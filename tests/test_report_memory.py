@@ -25,8 +25,21 @@ def test_memory_stats_against_hand_made_records():
     assert stats["tokens_mean"] == pytest.approx((0 + 300 + 900 + 600) / 4) and stats["tokens_max"] == 900
     assert stats["shown_share"] == pytest.approx(3 / 4) and stats["entries_mean"] == pytest.approx(5 / 3)
     assert (stats["cut"], stats["tasks_cut"], stats["size_end"]) == (1, 1, 3)
+    assert stats["success_shown"] == pytest.approx(2 / 3) and stats["success_not_shown"] == 1.0
+    assert stats["copied_share"] is None  # no block quotes an action
     assert not memory_stats.has_memory(with_memory(stream, [(0, 0, 0, 0)] * 4))  # NoMemory logs zeros
     assert not memory_stats.has_memory(records_of(stream))  # runs from before the memory
+
+
+def test_copied_share_counts_the_actions_quoted_by_the_block_shown():
+    block = "Memory: ...\nTask: Goal: craft golden boots.\nStep 1:\nThought: get them.\nAction: get 4 gold ingot\n" \
+            "Step 2:\nAction: craft 1 golden boots using 4 gold ingot"
+    assert memory_stats.quoted_actions(block) == {"get 4 gold ingot", "craft 1 golden boots using 4 gold ingot"}
+    records = [{"memory_text": block, "actions": ["get 4 gold ingot", "get 1 oak logs", "get 4 gold ingot"]},
+               {"memory_text": None, "actions": ["get 4 gold ingot"]},  # no block: not counted
+               {"memory_text": "Playbook: lessons", "actions": ["get 2 stick"]}]  # quotes no action: not counted
+    assert memory_stats.copied_share(records) == pytest.approx(2 / 3)
+    assert memory_stats.copied_share(records[1:]) is None
 
 
 def write_runs(root, streams, heldout=None, memory=None):
@@ -57,7 +70,7 @@ def test_report_pairs_two_methods_on_the_stream_and_the_held_out_set(tmp_path):
     # held-out: both h0, only both h2 h3 h4, only memory h1, neither h5
     assert f"| both | seed0 | 1 | 3 | 1 | 1 | {paired.mcnemar_exact_p(3, 1):.3g} |" in held
     memory_table = table[table.index("In-context memory per run"):]
-    assert "| memory | seed0 | 4 | 250 / 400 | 75% | 1.67 | 1 / 1 | 3 |" in memory_table
+    assert "| memory | seed0 | 4 | 250 / 400 | 75% | 1.67 | 1 / 1 | 3 | - | 33% / 100% |" in memory_table
     assert "| base |" not in memory_table
 
 

@@ -17,12 +17,34 @@ def has_memory(records: Records) -> bool:
     return any(r.get(SIZE) or r.get(TOKENS) for r in records)
 
 
+def quoted_actions(text: str | None) -> set[str]:
+    """The actions a memory block quotes: its ``Action: ...`` lines (a stored episode rendered like the PI block)."""
+    return {line.removeprefix("Action:").strip() for line in (text or "").splitlines() if line.startswith("Action:")}
+
+
+def copied_share(records: Records) -> float | None:
+    """On the tasks shown a block that quotes actions: the share of the agent's actions that are one of them,
+    verbatim (a small model copying another task's trajectory instead of solving its own; None: no such task)."""
+    copied = total = 0
+    for r in records:
+        if quoted := quoted_actions(r.get("memory_text")):
+            copied += sum(a in quoted for a in r["actions"])
+            total += len(r["actions"])
+    return copied / total if total else None
+
+
+def _success(records: Records) -> float | None:
+    return sum(bool(r["verified"]) for r in records) / len(records) if records else None
+
+
 def memory_stats(records: Records) -> dict:
     """One run: mean and largest memory tokens per task (over all tasks, an empty memory counting 0), the
     share of tasks shown a block, mean entries shown on those tasks, entries cut by the cap (total, and
-    tasks with a cut), and the memory's size after the last task."""
+    tasks with a cut), the memory's size after the last task, the share of actions copied from the block
+    (``copied_share``) and the success rate on the tasks shown a block and on the others."""
     tokens = [r.get(TOKENS, 0.0) for r in records]
-    shown = [r[SHOWN] for r in records if r.get(TOKENS)]
+    with_block = [r for r in records if r.get(TOKENS)]
+    shown = [r[SHOWN] for r in with_block]
     cuts = [r.get(CUT, 0.0) for r in records]
     return {
         "tasks": len(records),
@@ -33,6 +55,9 @@ def memory_stats(records: Records) -> dict:
         "cut": sum(cuts),
         "tasks_cut": sum(c > 0 for c in cuts),
         "size_end": records[-1].get(SIZE) if records else None,
+        "copied_share": copied_share(records),
+        "success_shown": _success(with_block),
+        "success_not_shown": _success([r for r in records if not r.get(TOKENS)]),
     }
 
 
@@ -49,11 +74,13 @@ def _num(value: float | None, fmt: str) -> str:
 def memory_markdown(rows: list[dict]) -> str:
     """The memory rows as a markdown table."""
     head = ["method", "seed", "tasks", "memory tokens per task (mean / max)", "tasks shown memory",
-            "entries shown (mean)", "entries cut (total / tasks)", "entries at the end"]
+            "entries shown (mean)", "entries cut (total / tasks)", "entries at the end",
+            "actions copied from the block", "success shown a block / not"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['method']} | {r['seed']} | {r['tasks']} | {_num(r['tokens_mean'], '.0f')} / "
                      f"{_num(r['tokens_max'], '.0f')} | {_num(r['shown_share'], '.0%')} | "
                      f"{_num(r['entries_mean'], '.2f')} | {r['cut']:.0f} / {r['tasks_cut']} | "
-                     f"{_num(r['size_end'], '.0f')} |")
+                     f"{_num(r['size_end'], '.0f')} | {_num(r['copied_share'], '.0%')} | "
+                     f"{_num(r['success_shown'], '.0%')} / {_num(r['success_not_shown'], '.0%')} |")
     return "\n".join(lines) + "\n"
