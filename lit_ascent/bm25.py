@@ -12,6 +12,7 @@ and stemmer).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,19 +36,37 @@ class BM25Index:
         self._retriever = bm25s.BM25(method="lucene", k1=K1, b=B)
         self._retriever.index(tokens, show_progress=False)
         self._vocab = tokens.vocab
+        words = {i: w for w, i in tokens.vocab.items()}
+        self._text_terms = [frozenset(words[i] for i in ids) for ids in tokens.ids]
 
     def _tokenize(self, texts: list[str]):
         import bm25s
 
         return bm25s.tokenize(texts, lower=True, stopwords="en", stemmer=self._stemmer, show_progress=False)
 
-    def terms(self, query: str) -> list[str]:
-        """The query's indexed terms (stemmed, stop words and unknown words dropped)."""
+    def _query_terms(self, query: str) -> list[str]:
+        """The query's terms, stemmed, stop words dropped (indexed or not)."""
         import bm25s
 
-        tokens = self._tokenize([query])
-        words = bm25s.tokenization.convert_tokenized_to_string_list(tokens)[0]
-        return [w for w in words if w in self._vocab]
+        return bm25s.tokenization.convert_tokenized_to_string_list(self._tokenize([query]))[0]
+
+    def terms(self, query: str) -> list[str]:
+        """The query's indexed terms (stemmed, stop words and unknown words dropped)."""
+        return [w for w in self._query_terms(query) if w in self._vocab]
+
+    def coverage(self, query: str) -> np.ndarray:
+        """Per text, the share of the query's term weight it contains (0 to 1): the sum of Lucene's idf
+        ``log(1 + (N - df + 0.5) / (df + 0.5))`` over the distinct query terms in the text, divided by
+        the same sum over all of them (a term no text has counts with df 0). A term every text has
+        weighs little, so two goals that share only "craft" cover little of each other."""
+        terms = set(self._query_terms(query))
+        n = len(self.ids)
+        idf = {t: math.log(1 + (n - df + 0.5) / (df + 0.5))
+               for t, df in ((t, sum(t in text for text in self._text_terms)) for t in terms)}
+        total = sum(idf.values())
+        if total == 0:
+            return np.zeros(n)
+        return np.array([sum(idf[t] for t in terms & text) / total for text in self._text_terms])
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every text for ``query`` (zeros when no term is indexed)."""

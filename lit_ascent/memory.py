@@ -9,7 +9,9 @@ student's prompt is longer, the token ids after it are identical. Chosen in the 
 - ``NoMemory``: nothing (every weight-update method as before);
 - ``ProceduralMemory`` (MemP-style): each verified episode is stored; a new task is shown the ``k``
   stored episodes most similar to it (BM25, ``lit_ascent.bm25``, over the goal line or the whole
-  task text), each rendered like the teacher's PI block;
+  task text), each rendered like the teacher's PI block; ``min_overlap`` > 0 shows only those that
+  cover that share of the task's term weight (``BM25Index.coverage``), so a task like no earlier
+  one is shown nothing rather than the nearest unrelated trajectory;
 - ``Playbook`` (ACE-style): after each episode a writer adds short lessons to a bounded playbook
   shown to every later task, newest first. ``writer: rules`` (deterministic: the environment's
   rejections quoted with the rejected action, the actions of a verified episode) works at 135M;
@@ -125,10 +127,13 @@ class ProceduralMemory(Memory):
     header = "Memory: verified successful attempts at similar earlier tasks."
 
     def __init__(self, k: int = 2, max_tokens: int = 1024, match: str = "goal",
-                 pi_content: str = "reasoning_actions", max_entries: int = 256):
+                 pi_content: str = "reasoning_actions", max_entries: int = 256, min_overlap: float = 0.0):
         """
         Args:
             k: Stored episodes shown per task (the most similar first).
+            min_overlap: Relevance floor: a stored episode is shown only if its key covers at least this
+                share of the task's idf-weighted terms (``BM25Index.coverage``, 0 to 1). 0: any stored
+                episode that shares a term (in TextCraft every goal line shares "craft", so every one).
             max_tokens: Most tokens of the memory block.
             match: ``goal``: similarity of the goal lines (``TextEnv.goal_line``); ``task``: of the whole task text.
             pi_content: How a stored episode is rendered (as the teacher's PI: actions | reasoning_actions | full).
@@ -141,7 +146,10 @@ class ProceduralMemory(Memory):
             raise ValueError(f"memory.match must be one of {MATCHES}, got {match!r}")
         if pi_content not in PI_CONTENTS:
             raise ValueError(f"memory.pi_content must be one of {PI_CONTENTS}, got {pi_content!r}")
+        if not 0.0 <= min_overlap <= 1.0:
+            raise ValueError(f"memory.min_overlap must be in [0, 1], got {min_overlap}")
         self.k, self.match, self.pi_content, self.max_entries = k, match, pi_content, max_entries
+        self.min_overlap = min_overlap
         self.entries: list[dict[str, str]] = []
         self._index = None
 
@@ -155,8 +163,12 @@ class ProceduralMemory(Memory):
             from lit_ascent.bm25 import BM25Index
 
             self._index = BM25Index([str(i) for i in range(len(self.entries))], [e["key"] for e in self.entries])
-        hits = self._index.search(self.key(env, first_observation), self.k)
-        return [self.entries[int(i)]["text"] for i in hits]
+        query = self.key(env, first_observation)
+        hits = self._index.search(query, len(self.entries))
+        if self.min_overlap > 0:
+            coverage = self._index.coverage(query)
+            hits = [i for i in hits if coverage[int(i)] >= self.min_overlap]
+        return [self.entries[int(i)]["text"] for i in hits[:self.k]]
 
     def observe(self, episode: Episode, env, policy) -> None:
         if not episode.verified or episode.error is not None:

@@ -74,7 +74,14 @@ def test_expected_matrix_is_complete():
     assert {"debug.yaml", "textcraft/ascent.yaml"} <= {str(p.relative_to(CONFIGS)) for p in ENV_CONFIGS}
     assert set(METHODS) == set(EXPECTED)
     assert {p.stem for p in CONFIGS.glob("ablations/*.yaml")} == {"reverse_kl", "jsd", "pi_actions", "pi_full",
-                                                                   "no_filter", "replay"}
+                                                                   "no_filter", "replay", "memory_floor"}
+
+
+def test_memory_floor_stacks_on_a_memory_method():
+    cli = parse(*(CONFIGS / c for c in ("textcraft/ascent.yaml", "methods/procedural.yaml", "ablations/memory_floor.yaml")))
+    memory = cli.model.memory
+    assert type(cli.model.objective) is NoUpdate and type(memory) is ProceduralMemory
+    assert (memory.min_overlap, memory.k, memory.max_tokens) == (0.3, 2, 1024)
 
 
 @pytest.mark.parametrize("config", ENV_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))

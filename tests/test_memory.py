@@ -4,6 +4,7 @@ with a non-empty memory resumes exactly."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 
 import pytest
@@ -60,6 +61,35 @@ def test_procedural_ranks_by_bm25_ties_oldest_first_and_stores_only_verified():
     assert shown == memory.candidates(env, Task(env.name, "q"), env.reset(Task(env.name, "q")))  # deterministic
     assert shown[0].endswith("Step 1:\nThought: ok\nAction: do a")
     assert memory.candidates(env, Task(env.name, "z"), "Zebra stripes") == []  # no shared term: nothing shown
+
+
+def test_coverage_is_the_share_of_the_query_idf_weight_a_text_holds():
+    from lit_ascent.bm25 import BM25Index
+
+    index = BM25Index(["0", "1", "2"], ["craft oak planks", "craft stone axe", "craft oak door"])
+
+    def idf(df: int) -> float:  # Lucene's, N = 3
+        return math.log(1 + (3 - df + 0.5) / (df + 0.5))
+
+    total = idf(3) + idf(2) + idf(0)  # craft (every text), oak (two), fence (none)
+    assert index.coverage("craft oak fence") == pytest.approx([(idf(3) + idf(2)) / total, idf(3) / total,
+                                                               (idf(3) + idf(2)) / total])
+    assert index.coverage("craft oak planks")[0] == pytest.approx(1.0)
+    assert list(index.coverage("the of")) == [0.0, 0.0, 0.0]  # only stop words: no weight
+
+
+def test_procedural_relevance_floor_shows_only_similar_episodes():
+    env = GoalEnv(GOALS)
+    first = env.reset(Task(env.name, "q"))
+    memories = {floor: ProceduralMemory(k=2, max_tokens=10_000, min_overlap=floor) for floor in (0.0, 0.3, 0.9)}
+    for memory in memories.values():
+        for task_id in "ab":
+            stored(memory, env, task_id)
+    # q ('craft oak fence') shares 'goal', 'craft' and 'oak' with a (coverage 0.37), 'goal' and 'craft' with b (0.13)
+    assert [len(memories[f].candidates(env, Task(env.name, "q"), first)) for f in (0.0, 0.3, 0.9)] == [2, 1, 0]
+    assert memories[0.3].candidates(env, Task(env.name, "q"), first)[0].startswith("Task: Goal: craft oak planks")
+    with pytest.raises(ValueError, match="min_overlap"):
+        ProceduralMemory(min_overlap=1.5)
 
 
 def test_procedural_keeps_the_newest_entries():

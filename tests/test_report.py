@@ -184,15 +184,22 @@ def test_previous_per_seed_figures_enter_the_summary_only(runs_root, tmp_path):
 def test_plan_and_command(tmp_path):
     specs = compare.plan(["base", "rft", "jsd"], [0, 1], tmp_path)
     assert [(s.method, s.seed) for s in specs[:3]] == [("base", 0), ("rft", 0), ("jsd", 0)]
-    assert specs[2].config.name == "jsd.yaml" and specs[2].config.parent.name == "ablations"
+    assert [(c.parent.name, c.name) for c in specs[2].configs] == [("ablations", "jsd.yaml")]
     assert specs[4].run_dir == tmp_path / "rft" / "seed1"
     cmd = compare.train_command(specs[4], Path("configs/debug.yaml"), [Path("x.yaml")], num_tasks=5)
     i = cmd.index("--trainer.logger.init_args.version")
     assert cmd[i + 1] == "seed1" and cmd[cmd.index("--data.seed") + 1] == "1"
-    assert cmd.index("x.yaml") < cmd.index(str(specs[4].config))  # extras before the method
+    assert cmd.index("x.yaml") < cmd.index(str(specs[4].configs[0]))  # extras before the method
     assert "--data.seed" not in compare.train_command(specs[4], Path("e.yaml"), [], None, fixed_stream=True)
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         compare.plan(["nope"], [0], tmp_path)
+    stacked = compare.plan(["procedural+memory_floor"], [2], tmp_path)[0]  # a method, then an ablation, one row
+    assert stacked.run_dir == tmp_path / "procedural+memory_floor" / "seed2"
+    cmd = compare.train_command(stacked, Path("e.yaml"), [Path("x.yaml")], None)
+    overlays = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--config"]
+    assert [Path(c).name for c in overlays] == ["e.yaml", "x.yaml", "procedural.yaml", "memory_floor.yaml"]
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        compare.plan(["procedural+nope"], [0], tmp_path)
 
 
 def test_command_puts_the_run_in_its_folder(tmp_path):

@@ -68,8 +68,8 @@ class RunSpec:
 
     method: str
     seed: int
-    config: Path
-    """The method (or ablation) overlay."""
+    configs: tuple[Path, ...]
+    """The method (or ablation) overlays, in the order they are applied."""
     run_dir: Path
     """OUT/<method>/seed<k>: the logger's save_dir/name/version."""
 
@@ -87,12 +87,19 @@ def method_config(name: str, repo: Path = REPO) -> Path:
     raise ValueError(f"--methods: unknown method {name!r} (no {name}.yaml in {', '.join(METHOD_DIRS)})")
 
 
+def row_name(part: str) -> str:
+    return Path(part).stem if part.endswith((".yaml", ".yml")) else part
+
+
 def plan(methods: list[str], seeds: list[int], out: Path) -> list[RunSpec]:
-    """The matrix, seed-major: every method of seed 0 first, so early results are comparable."""
+    """The matrix, seed-major: every method of seed 0 first, so early results are comparable.
+
+    A method may stack overlays with ``+`` (``procedural+memory_floor``: the method, then the
+    ablation); the row is named by its parts."""
     if len(set(methods)) != len(methods):
         raise ValueError(f"--methods has duplicates: {methods}")
-    configs = {m: method_config(m) for m in methods}
-    names = {m: Path(m).stem if m.endswith((".yaml", ".yml")) else m for m in methods}
+    configs = {m: tuple(method_config(part) for part in m.split("+")) for m in methods}
+    names = {m: "+".join(row_name(part) for part in m.split("+")) for m in methods}
     return [RunSpec(names[m], seed, configs[m], out / names[m] / f"seed{seed}") for seed in seeds for m in methods]
 
 
@@ -102,8 +109,9 @@ def train_command(spec: RunSpec, env_config: Path, extra_configs: list[Path], nu
     cmd = [python, str(TRAIN), "fit", "--config", str(env_config)]
     for extra in extra_configs:
         cmd += ["--config", str(extra)]
-    cmd += ["--config", str(spec.config),
-            "--trainer.logger.init_args.save_dir", str(spec.run_dir.parent.parent),
+    for overlay in spec.configs:
+        cmd += ["--config", str(overlay)]
+    cmd += ["--trainer.logger.init_args.save_dir", str(spec.run_dir.parent.parent),
             "--trainer.logger.init_args.name", spec.run_dir.parent.name,
             "--trainer.logger.init_args.version", spec.run_dir.name,
             "--seed_everything", str(spec.seed)]
@@ -231,7 +239,7 @@ class CompareOptions:
     env_config: Path
     """Complete environment config."""
     methods: list[str]
-    """Names in configs/methods or configs/ablations, or overlay YAML paths."""
+    """Names in configs/methods or configs/ablations, or overlay YAML paths; ``a+b`` stacks overlays in one row."""
     seeds: list[int] = field(default_factory=lambda: [0])
     """Seeds: each sets seed_everything and, unless --fixed-stream, data.seed."""
     num_tasks: int | None = None

@@ -126,7 +126,7 @@ def stream_env(cpus_per_stream: float, gpus_per_stream: float) -> dict[str, str]
 
 def absolute(spec: RunSpec) -> RunSpec:
     """The cell with absolute paths: a Ray worker does not run in the driver's working directory."""
-    return dataclasses.replace(spec, config=spec.config.absolute(), run_dir=spec.run_dir.absolute())
+    return dataclasses.replace(spec, configs=tuple(c.absolute() for c in spec.configs), run_dir=spec.run_dir.absolute())
 
 
 def signal_train(signalled: set[int], kill: bool = False) -> None:
