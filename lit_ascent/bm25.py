@@ -13,6 +13,7 @@ and stemmer).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +39,7 @@ class BM25Index:
         self._vocab = tokens.vocab
         words = {i: w for w, i in tokens.vocab.items()}
         self._text_terms = [frozenset(words[i] for i in ids) for ids in tokens.ids]
+        self._df = Counter(term for terms in self._text_terms for term in terms)
 
     def _tokenize(self, texts: list[str]):
         import bm25s
@@ -61,8 +63,7 @@ class BM25Index:
         weighs little, so two goals that share only "craft" cover little of each other."""
         terms = set(self._query_terms(query))
         n = len(self.ids)
-        idf = {t: math.log(1 + (n - df + 0.5) / (df + 0.5))
-               for t, df in ((t, sum(t in text for text in self._text_terms)) for t in terms)}
+        idf = {t: math.log(1 + (n - self._df[t] + 0.5) / (self._df[t] + 0.5)) for t in terms}
         total = sum(idf.values())
         if total == 0:
             return np.zeros(n)

@@ -131,13 +131,13 @@ class ProceduralMemory(Memory):
         """
         Args:
             k: Stored episodes shown per task (the most similar first).
-            min_overlap: Relevance floor: a stored episode is shown only if its key covers at least this
-                share of the task's idf-weighted terms (``BM25Index.coverage``, 0 to 1). 0: any stored
-                episode that shares a term (in TextCraft every goal line shares "craft", so every one).
             max_tokens: Most tokens of the memory block.
             match: ``goal``: similarity of the goal lines (``TextEnv.goal_line``); ``task``: of the whole task text.
             pi_content: How a stored episode is rendered (as the teacher's PI: actions | reasoning_actions | full).
             max_entries: Most stored episodes (the oldest dropped first).
+            min_overlap: Relevance floor: a stored episode is shown only if its key covers at least this
+                share of the task's idf-weighted terms (``BM25Index.coverage``, 0 to 1). 0: any stored
+                episode that shares a term (in TextCraft every goal line shares "craft", so every one).
         """
         super().__init__(max_tokens)
         if k < 1 or max_entries < 1:

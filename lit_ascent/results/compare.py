@@ -88,6 +88,7 @@ def method_config(name: str, repo: Path = REPO) -> Path:
 
 
 def row_name(part: str) -> str:
+    """A run folder's name for one overlay: a YAML path's stem, else the name itself."""
     return Path(part).stem if part.endswith((".yaml", ".yml")) else part
 
 
@@ -106,11 +107,9 @@ def plan(methods: list[str], seeds: list[int], out: Path) -> list[RunSpec]:
 def train_command(spec: RunSpec, env_config: Path, extra_configs: list[Path], num_tasks: int | None,
                   fixed_stream: bool = False, python: str = sys.executable) -> list[str]:
     """The train.py command line of one run."""
-    cmd = [python, str(TRAIN), "fit", "--config", str(env_config)]
-    for extra in extra_configs:
-        cmd += ["--config", str(extra)]
-    for overlay in spec.configs:
-        cmd += ["--config", str(overlay)]
+    cmd = [python, str(TRAIN), "fit"]
+    for config in (env_config, *extra_configs, *spec.configs):  # extras before the method: they cannot undo it
+        cmd += ["--config", str(config)]
     cmd += ["--trainer.logger.init_args.save_dir", str(spec.run_dir.parent.parent),
             "--trainer.logger.init_args.name", spec.run_dir.parent.name,
             "--trainer.logger.init_args.version", spec.run_dir.name,

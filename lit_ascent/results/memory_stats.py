@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from lit_ascent.results.paired import Records, Runs
+from lit_ascent.results.paired import Records, Runs, format_number
 
 TOKENS, SHOWN, CUT, SIZE = "memory/tokens", "memory/shown", "memory/cut", "memory/size"
 
@@ -67,9 +67,6 @@ def memory_rows(runs: Runs) -> list[dict]:
             for method, seeds in runs.items() for seed, records in sorted(seeds.items()) if has_memory(records)]
 
 
-def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
 
 def memory_markdown(rows: list[dict]) -> str:
     """The memory rows as a markdown table."""
@@ -78,9 +75,9 @@ def memory_markdown(rows: list[dict]) -> str:
             "actions copied from the block", "success shown a block / not"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append(f"| {r['method']} | {r['seed']} | {r['tasks']} | {_num(r['tokens_mean'], '.0f')} / "
-                     f"{_num(r['tokens_max'], '.0f')} | {_num(r['shown_share'], '.0%')} | "
-                     f"{_num(r['entries_mean'], '.2f')} | {r['cut']:.0f} / {r['tasks_cut']} | "
-                     f"{_num(r['size_end'], '.0f')} | {_num(r['copied_share'], '.0%')} | "
-                     f"{_num(r['success_shown'], '.0%')} / {_num(r['success_not_shown'], '.0%')} |")
+        lines.append(f"| {r['method']} | {r['seed']} | {r['tasks']} | {format_number(r['tokens_mean'], '.0f')} / "
+                     f"{format_number(r['tokens_max'], '.0f')} | {format_number(r['shown_share'], '.0%')} | "
+                     f"{format_number(r['entries_mean'], '.2f')} | {r['cut']:.0f} / {r['tasks_cut']} | "
+                     f"{format_number(r['size_end'], '.0f')} | {format_number(r['copied_share'], '.0%')} | "
+                     f"{format_number(r['success_shown'], '.0%')} / {format_number(r['success_not_shown'], '.0%')} |")
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ still hide. ``task_matrix`` shows which run solved which task, in how many turns
 from __future__ import annotations
 
 import math
+import statistics
 
 Records = list[dict]
 Runs = dict[str, dict[str, Records]]  # method -> seed folder -> records in stream order
@@ -110,6 +111,29 @@ def paired_stats(counts: dict[str, int]) -> dict[str, float]:
     return {"p": mcnemar_exact_p(counts["only_method"], counts["only_base"]),
             "diff": (counts["only_method"] - counts["only_base"]) / n if n else 0.0,
             "diff_low": low, "diff_high": high}
+
+
+def mean_std(values: list[float | None]) -> tuple[float, float, int] | None:
+    """(mean, sample std (n-1; 0 for one value), n) over the values that are not None."""
+    kept = [v for v in values if v is not None]
+    if not kept:
+        return None
+    return statistics.fmean(kept), statistics.stdev(kept) if len(kept) > 1 else 0.0, len(kept)
+
+
+def method_order(methods, base: str) -> list[str]:
+    return sorted(methods, key=lambda m: (m != base, m))
+
+
+def format_cell(stat: tuple[float, float, int] | None, scale: float) -> str:
+    if stat is None:
+        return "-"
+    mean, std, _ = stat  # rounded to 9 places first: equal means must not round apart on float noise
+    return f"{round(mean * scale, 9):.1f} ± {round(std * scale, 9):.1f}"
+
+
+def format_number(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
 
 
 def format_difference(row: dict) -> str:

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lit_ascent.options import parse_options
-from lit_ascent.records import record_rates, summarize
-from lit_ascent.results.paired import (COUNTS, Records, Runs, format_difference, paired_counts, paired_markdown,
-                                paired_rows, paired_stats, task_matrix)
+from lit_ascent.records import summarize
+from lit_ascent.results.heldout_table import HELDOUT_INTRO, heldout_end, heldout_markdown, heldout_rows
+from lit_ascent.results.paired import (Records, Runs, format_cell, mean_std, method_order, paired_markdown, paired_rows,
+                                       task_matrix)
 from lit_ascent.results.run_archive import (HELDOUT_NAME, HELDOUT_SUFFIX, archive_finished, load_archive, merge_previous,
                                     merge_runs, read_records)
 from lit_ascent.results.memory_stats import memory_markdown, memory_rows
@@ -121,18 +122,6 @@ def run_metrics(records: Records, base_records: Records | None = None) -> dict[s
     }
 
 
-def mean_std(values: list[float | None]) -> tuple[float, float, int] | None:
-    """(mean, sample std (n-1; 0 for one value), n) over the values that are not None."""
-    kept = [v for v in values if v is not None]
-    if not kept:
-        return None
-    return statistics.fmean(kept), statistics.stdev(kept) if len(kept) > 1 else 0.0, len(kept)
-
-
-def method_order(methods, base: str) -> list[str]:
-    return sorted(methods, key=lambda m: (m != base, m))
-
-
 def per_seed_metrics(runs: Runs, base: str = "base") -> dict[str, dict[str, dict]]:
     """method -> seed -> run_metrics; the base run of the same seed folder is the fewer-turns reference."""
     return {method: {seed: run_metrics(records, runs.get(base, {}).get(seed) if method != base else None)
@@ -153,13 +142,6 @@ def comparison_table(runs: Runs, base: str = "base") -> dict[str, dict]:
     return summary_table(per_seed_metrics(runs, base), base)
 
 
-def format_cell(stat: tuple[float, float, int] | None, scale: float) -> str:
-    if stat is None:
-        return "-"
-    mean, std, _ = stat  # rounded to 9 places first: equal means must not round apart on float noise
-    return f"{round(mean * scale, 9):.1f} ± {round(std * scale, 9):.1f}"
-
-
 def markdown_table(table: dict[str, dict]) -> str:
     """The comparison as a markdown table, one row per method, mean ± std over seeds."""
     head = ["method", "seeds", "tasks", *(h for h, _ in COLUMNS.values())]
@@ -170,83 +152,6 @@ def markdown_table(table: dict[str, dict]) -> str:
         cells += [format_cell(entry["summary"][k], scale) for k, (_, scale) in COLUMNS.items()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def heldout_end(records: Records) -> tuple[Records, Records, int | None]:
-    """A run's held-out records: (the adapted model's at its last evaluation point, the initial model's,
-    that point's tasks_seen). A task evaluated twice at one point (a resumed run) keeps its last record."""
-    adapted = [r for r in records if r["model"] == "adapted"]
-    last = max((r["tasks_seen"] for r in adapted), default=None)
-    end = {r["task_id"]: r for r in adapted if r["tasks_seen"] == last}
-    initial = {r["task_id"]: r for r in records if r["model"] == "initial"}
-    return list(end.values()), list(initial.values()), last
-
-
-def run_ends(heldout: Runs, method: str, base: str) -> tuple[list[tuple[Records, Records, int | None]], int]:
-    """``heldout_end`` of each of the method's runs with a held-out evaluation, and how many of them take their
-    initial row from the base run of their seed: a run without its own (``heldout.include_initial: false``) is
-    paired with that run's held-out play, which is the initial model's, since the base's fast weights never move."""
-    ends, borrowed = [], 0
-    for seed, records in sorted(heldout[method].items()):
-        adapted, initial, seen = heldout_end(records)
-        if not adapted:
-            continue
-        if not initial and method != base and seed in heldout.get(base, {}):
-            initial = heldout_end(heldout[base][seed])[0]
-            borrowed += bool(initial)
-        ends.append((adapted, initial, seen))
-    return ends, borrowed
-
-
-def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
-    """One row per method with a held-out evaluation: adapted and initial success (mean, std, n over seeds)
-    and, pooled over seeds, the adapted model paired with the initial one task by task (``COUNTS`` with
-    only_method = only adapted, only_base = only initial; exact McNemar p; difference and its 95% interval).
-    ``initial_from_base``: how many of its runs were paired with their seed's base run (``run_ends``)."""
-    rows = []
-    for method in method_order(heldout, base):
-        ends, borrowed = run_ends(heldout, method, base)
-        if not ends:
-            continue
-        counts = dict.fromkeys(COUNTS, 0)
-        for adapted, initial, _ in ends:
-            for key, n in (paired_counts(adapted, initial) if initial else {}).items():
-                counts[key] += n
-        row = {"method": method, "seeds": len(ends), "tasks": sorted({len(a) for a, _, _ in ends}),
-               "tasks_seen": sorted({t for _, _, t in ends}),
-               "success": mean_std([record_rates(a)["success_rate"] for a, _, _ in ends]),
-               "initial_success": mean_std([record_rates(i)["success_rate"] if i else None for _, i, _ in ends]),
-               "initial_from_base": borrowed, **counts}
-        if sum(counts.values()):
-            row.update(paired_stats(counts))
-        rows.append(row)
-    return rows
-
-
-def heldout_markdown(rows: list[dict]) -> str:
-    """The held-out rows as a markdown table ('-' where a run has no initial-model evaluation)."""
-    head = ["method", "seeds", "tasks", "after stream tasks", "adapted success (%)", "initial success (%)",
-            "initial from base", "both solved", "only adapted", "only initial", "neither", "McNemar exact p",
-            "difference (pp, 95% CI)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        paired = [*(str(r[k]) for k in COUNTS), f"{r['p']:.3g}", format_difference(r)] if "p" in r else ["-"] * 6
-        cells = [r["method"], str(r["seeds"]), "/".join(map(str, r["tasks"])), "/".join(map(str, r["tasks_seen"])),
-                 format_cell(r["success"], 100.0), format_cell(r["initial_success"], 100.0),
-                 str(r["initial_from_base"]), *paired]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-HELDOUT_INTRO = (
-    "\nHeld-out evaluation (frozen, end of stream): the fast weights after the stream, frozen, on a fixed task set "
-    "disjoint from the stream (the same tasks for every seed), weights in float32; 'initial': the initial model "
-    "(adapter off) on the same tasks in the same run or, for a run without that row (`heldout.include_initial: "
-    "false`; 'initial from base' counts them), the base run of its seed on the same tasks, whose fast weights never "
-    "move. Success: mean ± sample std over seeds. Paired columns: pooled over seeds, tasks matched by id within each "
-    "run; p: exact McNemar test on the tasks only one of the two solved; "
-    "difference: adapted - initial success with Newcombe's 95% interval (method 10). The seeds share the tasks and the "
-    "initial model, so pooled pairs are not independent across seeds: the pooled p and interval lean optimistic.\n\n")
 
 
 def running_success(records: Records) -> list[float]:
@@ -323,7 +228,7 @@ def pair_markdown(runs: Runs, heldout: Runs, method: str, reference: str) -> str
     ends = {m: {seed: heldout_end(records)[0] for seed, records in heldout.get(m, {}).items() if seed in runs[m]}
             for m in both}
     if ends[method] and ends[reference]:
-        text += (f"\nTheir end-of-stream held-out agents, frozen, on the same held-out tasks:\n\n"
+        text += ("\nTheir end-of-stream held-out agents, frozen, on the same held-out tasks:\n\n"
                  + paired_markdown(paired_rows(ends, reference), reference))
     return text
 

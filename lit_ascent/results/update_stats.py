@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from lit_ascent.results.paired import Records, Runs
+from lit_ascent.results.paired import Records, Runs, format_number
 
 LOSS_KEYS = ("loss/total", "loss/divergence", "loss/nll")  # the objective's loss: first key a record has
 ENTROPY, DRIFT = "diagnostics/first_token_entropy", "diagnostics/drift_kl"
@@ -62,9 +62,6 @@ def update_rows(runs: Runs) -> list[dict]:
             for method, seeds in runs.items() for seed, records in sorted(seeds.items())]
 
 
-def _num(value: float | None, fmt: str = ".3g") -> str:
-    return "-" if value is None else format(value, fmt)
-
 
 def update_markdown(rows: list[dict]) -> str:
     """The update rows as a markdown table."""
@@ -73,10 +70,10 @@ def update_markdown(rows: list[dict]) -> str:
             "max action KL / changed probe actions", "repeated actions (mean rate / longest run)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        loss = "-" if r["loss_min"] is None else f"{_num(r['loss_min'])}-{_num(r['loss_max'])}"
-        lines.append(f"| {r['method']} | {r['seed']} | {r['updates']} | {loss} | {_num(r['update_s'], '.1f')} "
-                     f"| {_num(r['drift_max'])} | {_num(r['entropy_median'])} / {_num(r['entropy_max'])} "
-                     f"| {_num(r.get('absorbed_mean'), '.0%')} | {_num(r.get('action_kl_max'))} / "
-                     f"{_num(r.get('action_changes_max'), '.0f')} | {_num(r.get('repeat_rate_mean'), '.0%')} / "
-                     f"{_num(r.get('longest_run_max'), '.0f')} |")
+        loss = "-" if r["loss_min"] is None else f"{format_number(r['loss_min'])}-{format_number(r['loss_max'])}"
+        lines.append(f"| {r['method']} | {r['seed']} | {r['updates']} | {loss} | {format_number(r['update_s'], '.1f')} "
+                     f"| {format_number(r['drift_max'])} | {format_number(r['entropy_median'])} / {format_number(r['entropy_max'])} "
+                     f"| {format_number(r.get('absorbed_mean'), '.0%')} | {format_number(r.get('action_kl_max'))} / "
+                     f"{format_number(r.get('action_changes_max'), '.0f')} | {format_number(r.get('repeat_rate_mean'), '.0%')} / "
+                     f"{format_number(r.get('longest_run_max'), '.0f')} |")
     return "\n".join(lines) + "\n"
