@@ -247,6 +247,7 @@ def cap_tokens(tokenizer, text: str, max_tokens: int) -> str:
 
 REJECTIONS_PER_EPISODE = 2
 SOLVED_ACTIONS_SHOWN = 6
+REJECTED, SOLVED_BY, MORE = "was rejected:", "was solved by:", " ..."  # the rule writer's wording (read back by the report)
 
 
 def rule_lessons(episode: Episode, goal: str) -> list[str]:
@@ -257,11 +258,11 @@ def rule_lessons(episode: Episode, goal: str) -> list[str]:
         if not turn.valid and turn.action and turn.action not in seen and len(seen) < REJECTIONS_PER_EPISODE:
             seen.add(turn.action)
             reply = turn.observation.strip().splitlines()[0] if turn.observation.strip() else "rejected"
-            lessons.append(f"'{turn.action}' was rejected: {reply}")
+            lessons.append(f"'{turn.action}' {REJECTED} {reply}")
     if episode.verified:
         actions = [t.action for t in episode.turns if t.valid and t.action]
-        more = " ..." if len(actions) > SOLVED_ACTIONS_SHOWN else ""
-        lessons.append(f"{goal} was solved by: {'; '.join(actions[:SOLVED_ACTIONS_SHOWN])}{more}")
+        more = MORE if len(actions) > SOLVED_ACTIONS_SHOWN else ""
+        lessons.append(f"{goal} {SOLVED_BY} {'; '.join(actions[:SOLVED_ACTIONS_SHOWN])}{more}")
     return lessons
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import hand_episode
 from test_heldout import records
 from test_report import records_of
 
+from lit_ascent.memory import SOLVED_ACTIONS_SHOWN, rule_lessons
 from lit_ascent.results import memory_stats, paired, report, run_archive
+from lit_ascent.tiny import byte_tokenizer
+
+TOK = byte_tokenizer()
 
 
 def with_memory(stream, memory) -> list[dict]:
@@ -40,6 +45,22 @@ def test_copied_share_counts_the_actions_quoted_by_the_block_shown():
                {"memory_text": "Playbook: lessons", "actions": ["get 2 stick"]}]  # quotes no action: not counted
     assert memory_stats.copied_share(records) == pytest.approx(2 / 3)
     assert memory_stats.copied_share(records[1:]) is None
+
+
+def test_the_playbook_block_is_read_back_as_the_rule_writer_wrote_it():
+    texts = ["Action: get 1 iron", "Action: get 2 oak logs", "Action: craft 4 oak planks using 1 oak logs"]
+    episode = hand_episode(TOK, texts, valid=[False, True, True], observation=lambda t: f"Could not find {t}.",
+                           verified=True)
+    block = "Playbook: lessons\n" + "\n".join(f"- {x}" for x in rule_lessons(episode, "Goal: craft oak planks."))
+    assert memory_stats.rejected_actions(block) == {"get 1 iron"}
+    assert memory_stats.quoted_actions(block) == {"get 2 oak logs", "craft 4 oak planks using 1 oak logs"}
+    records = [{"memory_text": block, "actions": ["get 1 iron", "get 2 oak logs", "get 1 iron", "look"]}]
+    assert memory_stats.warned_share(records) == pytest.approx(2 / 4)
+    assert memory_stats.copied_share(records) == pytest.approx(1 / 4)
+    longer = [f"Action: get {i} stick" for i in range(SOLVED_ACTIONS_SHOWN + 2)]  # the list ends in " ..."
+    cut = "\n".join(f"- {x}" for x in rule_lessons(hand_episode(TOK, longer, verified=True), "Goal: g"))
+    assert memory_stats.quoted_actions(cut) == {f"get {i} stick" for i in range(SOLVED_ACTIONS_SHOWN)}
+    assert memory_stats.rejected_actions(cut) == set()
 
 
 def write_runs(root, streams, heldout=None, memory=None):

@@ -5,8 +5,10 @@ functions; ``python -m lit_ascent.results.report`` appends the table to ``result
 """
 from __future__ import annotations
 
+import re
 import statistics
 
+from lit_ascent.memory import MORE, REJECTED, SOLVED_BY
 from lit_ascent.results.paired import Records, Runs, format_number
 
 TOKENS, SHOWN, CUT, SIZE = "memory/tokens", "memory/shown", "memory/cut", "memory/size"
@@ -18,19 +20,45 @@ def has_memory(records: Records) -> bool:
 
 
 def quoted_actions(text: str | None) -> set[str]:
-    """The actions a memory block quotes: its ``Action: ...`` lines (a stored episode rendered like the PI block)."""
-    return {line.removeprefix("Action:").strip() for line in (text or "").splitlines() if line.startswith("Action:")}
+    """The actions a memory block quotes as worth doing: its ``Action: ...`` lines (a stored episode rendered
+    like the PI block) and the actions of the playbook's ``<goal> was solved by: a; b ...`` lessons."""
+    quoted = set()
+    for line in (text or "").splitlines():
+        if line.startswith("Action:"):
+            quoted.add(line.removeprefix("Action:").strip())
+        elif f" {SOLVED_BY} " in line:
+            solved = line.split(f" {SOLVED_BY} ", 1)[1].removesuffix(MORE)
+            quoted.update(a.strip() for a in solved.split(";") if a.strip())
+    return quoted
+
+
+def rejected_actions(text: str | None) -> set[str]:
+    """The actions a playbook block says were rejected: its ``- '<action>' was rejected: <reply>`` lessons."""
+    pattern = re.compile(rf"^- '(.+)' {re.escape(REJECTED)} ")
+    return {m.group(1) for line in (text or "").splitlines() if (m := pattern.match(line))}
+
+
+def _share_in(records: Records, actions_of) -> float | None:
+    """On the tasks whose block names some actions (``actions_of(block)``): the share of the agent's actions
+    that are one of them, verbatim (None: no such task)."""
+    hits = total = 0
+    for r in records:
+        if named := actions_of(r.get("memory_text")):
+            hits += sum(a in named for a in r["actions"])
+            total += len(r["actions"])
+    return hits / total if total else None
 
 
 def copied_share(records: Records) -> float | None:
-    """On the tasks shown a block that quotes actions: the share of the agent's actions that are one of them,
-    verbatim (a small model copying another task's trajectory instead of solving its own; None: no such task)."""
-    copied = total = 0
-    for r in records:
-        if quoted := quoted_actions(r.get("memory_text")):
-            copied += sum(a in quoted for a in r["actions"])
-            total += len(r["actions"])
-    return copied / total if total else None
+    """The share of actions copied from the block's quoted actions (``quoted_actions``), on the tasks shown
+    such a block: a small model copying another task's trajectory instead of solving its own."""
+    return _share_in(records, quoted_actions)
+
+
+def warned_share(records: Records) -> float | None:
+    """The share of actions that repeat one the block says was rejected (``rejected_actions``), on the tasks
+    shown such a block: whether the playbook's warnings are heeded."""
+    return _share_in(records, rejected_actions)
 
 
 def _success(records: Records) -> float | None:
@@ -41,7 +69,8 @@ def memory_stats(records: Records) -> dict:
     """One run: mean and largest memory tokens per task (over all tasks, an empty memory counting 0), the
     share of tasks shown a block, mean entries shown on those tasks, entries cut by the cap (total, and
     tasks with a cut), the memory's size after the last task, the share of actions copied from the block
-    (``copied_share``) and the success rate on the tasks shown a block and on the others."""
+    (``copied_share``), the share repeating an action the block says was rejected (``warned_share``) and the
+    success rate on the tasks shown a block and on the others."""
     tokens = [r.get(TOKENS, 0.0) for r in records]
     with_block = [r for r in records if r.get(TOKENS)]
     shown = [r[SHOWN] for r in with_block]
@@ -56,6 +85,7 @@ def memory_stats(records: Records) -> dict:
         "tasks_cut": sum(c > 0 for c in cuts),
         "size_end": records[-1].get(SIZE) if records else None,
         "copied_share": copied_share(records),
+        "warned_share": warned_share(records),
         "success_shown": _success(with_block),
         "success_not_shown": _success([r for r in records if not r.get(TOKENS)]),
     }
@@ -67,17 +97,18 @@ def memory_rows(runs: Runs) -> list[dict]:
             for method, seeds in runs.items() for seed, records in sorted(seeds.items()) if has_memory(records)]
 
 
-
 def memory_markdown(rows: list[dict]) -> str:
     """The memory rows as a markdown table."""
     head = ["method", "seed", "tasks", "memory tokens per task (mean / max)", "tasks shown memory",
             "entries shown (mean)", "entries cut (total / tasks)", "entries at the end",
-            "actions copied from the block", "success shown a block / not"]
+            "actions copied from the block", "actions the block says were rejected",
+            "success shown a block / not"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['method']} | {r['seed']} | {r['tasks']} | {format_number(r['tokens_mean'], '.0f')} / "
                      f"{format_number(r['tokens_max'], '.0f')} | {format_number(r['shown_share'], '.0%')} | "
                      f"{format_number(r['entries_mean'], '.2f')} | {r['cut']:.0f} / {r['tasks_cut']} | "
                      f"{format_number(r['size_end'], '.0f')} | {format_number(r['copied_share'], '.0%')} | "
+                     f"{format_number(r['warned_share'], '.0%')} | "
                      f"{format_number(r['success_shown'], '.0%')} / {format_number(r['success_not_shown'], '.0%')} |")
     return "\n".join(lines) + "\n"
