@@ -15,6 +15,7 @@ reported like the parser's own errors: one message naming the option, exit code 
 """
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import traceback
@@ -131,6 +132,23 @@ class AscentCLI(LightningCLI):
             if not isinstance(cause, CONFIG_ERRORS):
                 raise
             self._parser(self.subcommand).error(str(cause), cause)
+
+
+PACKAGES = ("lit_ascent", "callbacks", "datamodules")
+
+
+def show_package_logs(level: int = logging.INFO) -> None:
+    """Print the project's own log records (the lessons a playbook writes, the held-out evaluation's initial
+    score, the vLLM server's start-up) to stderr beside Lightning's lines: Python drops INFO records that no
+    handler takes. Called by the entry point (train.py), not by ``main``: a library leaves logging to its
+    caller."""
+    for name in PACKAGES:
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            logger.addHandler(handler)
+        logger.setLevel(level)
 
 
 def main(args=None, run: bool = True) -> AscentCLI:

@@ -41,6 +41,13 @@ def test_debug_config_end_to_end(tmp_path):
     assert (run / "adapter" / "final" / "adapter_model.safetensors").exists()
 
 
+def test_the_projects_own_log_lines_reach_the_run_log(tmp_path):
+    """train.py prints the package loggers' INFO records (here: the lessons a playbook writes) with Lightning's."""
+    proc = run_cli(tmp_path, "--config", "configs/debug.yaml", "--model.memory", "lit_ascent.memory.Playbook")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "lit_ascent.memory: playbook lesson (task " in proc.stderr
+
+
 def test_default_root_dir_decides_where_a_run_writes(tmp_path):
     """The config says ``save_dir: runs``; ``--trainer.default_root_dir`` moves the run, and its resume."""
     out = tmp_path / "out"
