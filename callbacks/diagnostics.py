@@ -16,28 +16,10 @@ Everything here is measured in ``on_episode``, for the policy that acted on the 
 """
 from __future__ import annotations
 
-import torch
-
 from callbacks.base import EpisodeCallback
-from lit_ascent.envs.base import action_token_mask
-from lit_ascent.metrics import action_drift, first_token_stats, repeated_actions
+from lit_ascent.collapse import first_token, make_probe, no_drift, probe_drift
+from lit_ascent.metrics import repeated_actions
 from lit_ascent.models import adapter_is_zero
-from lit_ascent.trajectory import Episode
-
-_NONE = torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, dtype=torch.long)  # no action positions
-
-
-def action_positions(tokenizer, episode: Episode, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions, turn of each) for the positions whose logits predict an action token, within the
-    first ``max_tokens`` tokens of ``episode``: (n,) long, (n,) long."""
-    pos, turn_of = [], []
-    for turn in episode.turns:
-        start, end = turn.span
-        for k, is_action in enumerate(action_token_mask(tokenizer, episode.token_ids[start:end])):
-            if is_action and 0 < start + k < max_tokens:
-                pos.append(start + k - 1)
-                turn_of.append(turn.index)
-    return torch.tensor(pos, dtype=torch.long), torch.tensor(turn_of, dtype=torch.long)
 
 
 class CollapseDiagnostics(EpisodeCallback):
@@ -77,47 +59,26 @@ class CollapseDiagnostics(EpisodeCallback):
 
     @staticmethod
     def first_token(policy, episode) -> dict[str, float]:
-        prompt = episode.ids()[: episode.prompt_len]
-        last = torch.tensor([episode.prompt_len - 1])
-        with torch.no_grad():
-            student = policy.logits(prompt, last)[0]
-        with policy.teacher():
-            initial = policy.logits(prompt, last)[0]
-        return first_token_stats(student, initial)
+        return first_token(policy, episode, policy.teacher)
 
     def maybe_add_probe(self, tokenizer, episode) -> None:
-        if len(self.probes) >= self.probe_episodes:
-            return
-        pos, turn_of = action_positions(tokenizer, episode, self.probe_max_tokens)
-        if len(pos):
-            end = int(pos.max()) + 1
-            self.probes.append({"ids": episode.ids()[:end], "positions": pos,
-                                "turns": turn_of + 10_000 * len(self.probes)})  # unique action ids
-            self.measured_at = None  # the set changed: measure again
+        if len(self.probes) < self.probe_episodes:
+            if probe := make_probe(tokenizer, episode, self.probe_max_tokens, len(self.probes)):
+                self.probes.append(probe)
+                self.measured_at = None  # the set changed: measure again
 
     def action_drift(self, pl_module) -> dict[str, float]:
         """Action drift of the current weights on the probe set (recomputed only after the weights changed)."""
         updates = pl_module.counters["updates"]
         if self.measured_at != updates:
             policy = pl_module.policy  # zero fast weights: the student is the initial model, no drift
-            self.drift = action_drift(*_NONE) if adapter_is_zero(policy.model) else self.measure(policy)
+            self.drift = no_drift() if adapter_is_zero(policy.model) else self.measure(policy)
             self.drift["diagnostics/probe_actions"] = float(sum(len(p["turns"].unique()) for p in self.probes))
             self.measured_at = updates
         return dict(self.drift)
 
     def measure(self, policy) -> dict[str, float]:
-        student, initial, turns = [], [], []
-        for probe in self.probes:
-            if "initial_hidden" not in probe:  # the initial model never changes: one forward per probe
-                with policy.teacher():
-                    probe["initial_hidden"] = policy.hidden(probe["ids"])[probe["positions"].to(policy.device)]
-            with torch.no_grad():
-                student.append(policy.logits(probe["ids"], probe["positions"]).float())
-                initial.append(policy.head(probe["initial_hidden"]).float())  # the head is never adapted
-            turns.append(probe["turns"])
-        if not turns:
-            return action_drift(*_NONE)
-        return action_drift(torch.cat(student), torch.cat(initial), torch.cat(turns).to(student[0].device))
+        return probe_drift(policy, self.probes, policy.teacher)
 
     def state_dict(self) -> dict:
         return {"probes": [dict(p) for p in self.probes]}

@@ -47,6 +47,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.base import run_dir
+from lit_ascent.checkpoint_io import read_checkpoint, save_atomic
 from lit_ascent.results.run_archive import STATE_FILE
 
 FORMAT = 1
@@ -78,32 +79,11 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def save_atomic(state: dict, path: Path) -> None:
-    """Write ``state`` so that ``path`` is always either the old or the new complete file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # make the rename itself durable
-    finally:
-        os.close(fd)
-
-
 def load_state(path: Path) -> dict:
     """Read a stream checkpoint (plain values only: ``weights_only=True``)."""
     if not path.is_file():
         raise FileNotFoundError(f"ckpt_path: no stream checkpoint at {str(path)!r}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise ValueError(f"ckpt_path: {str(path)!r} is not a readable stream checkpoint ({err})") from err
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"ckpt_path: {str(path)!r} is not a stream checkpoint of format {FORMAT}")
-    return state
+    return read_checkpoint(path, FORMAT, "ckpt_path", "stream checkpoint")
 
 
 def _loop_state(trainer) -> dict:

@@ -7,7 +7,11 @@ Each cycle c:
   4. distil: ``updates_per_cycle`` updates, each on a random batch of this cycle's
      verified episodes (ReSAIL's SGS selection is recomputed per batch).
 After the last cycle the model is deployed and probed once more, so the log has
-``cycles + 1`` rows: row c is the model after c cycles of distillation.
+``cycles + 1`` rows: row c is the model after c cycles of distillation. Each row also holds
+the deployment's collapse diagnostics (``lit_ascent.collapse``): first-token entropy and drift
+from the initial model, repeated actions, and the drift from the initial model on the action
+tokens of a fixed probe set (cycle 0's first deployed episodes). Per-task outcomes, the files
+and ``--resume`` (go on after the last finished cycle): ``lit_ascent.cycle_log``.
 
 Teacher snapshots: the student is PEFT's "default" LoRA adapter; at the start of a
 cycle its weights are copied into a second, frozen adapter named "teacher", and
@@ -30,11 +34,13 @@ from typing import Iterator
 
 import torch
 
+from lit_ascent.collapse import deployment_diagnostics, make_probe
+from lit_ascent.cycle_log import CycleLog, load_state, save_state, task_rows
 from lit_ascent.engines.hf import greedy_reply
 from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import check_reply
 from lit_ascent.evaluate import evaluate
-from lit_ascent.models import ModelConfig, Policy, load_policy
+from lit_ascent.models import ModelConfig, Policy, load_adapter_state, load_policy
 from lit_ascent.objectives.resail import ReSAIL
 from lit_ascent.optim import OptimConfig, guarded_step
 from lit_ascent.privileged import lesson_block, lesson_request
@@ -46,6 +52,7 @@ from lit_ascent.trajectory import Episode, Task
 log = logging.getLogger(__name__)
 
 PI_SOURCES = ("trajectory", "lesson")
+PROBE_MAX_TOKENS = 2048  # a drift probe is cut to its first tokens (bounds the forward's cost)
 LESSON_SYSTEM = "You review a verified solution of a task and write a lesson for future attempts."
 
 
@@ -71,6 +78,8 @@ class CyclesConfig:
     """Seed of the batch sampling."""
     eval_batch_size: int = 1
     """Episodes decoded together when deploying / probing (1: sequential; see lit_ascent.evaluate)."""
+    drift_probes: int = 4
+    """Cycle 0's first deployed episodes holding an action, kept as the action-drift probe set (0: none)."""
 
     def __post_init__(self) -> None:
         for name in ("cycles", "updates_per_cycle", "batch_size", "lesson_max_tokens", "eval_batch_size"):
@@ -78,8 +87,9 @@ class CyclesConfig:
                 raise ValueError(f"cycles.{name} must be >= 1, got {getattr(self, name)}")
         if self.pi_source not in PI_SOURCES:
             raise ValueError(f"cycles.pi_source must be one of {PI_SOURCES}, got {self.pi_source!r}")
-        if self.probe_size < 0:
-            raise ValueError(f"cycles.probe_size must be >= 0, got {self.probe_size}")
+        for name in ("probe_size", "drift_probes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"cycles.{name} must be >= 0, got {getattr(self, name)}")
 
 
 class SnapshotTeacher(Policy):
@@ -110,6 +120,10 @@ class SnapshotTeacher(Policy):
                 yield
         finally:
             self.model.set_adapter("default")
+
+    def initial(self) -> contextlib.AbstractContextManager:
+        """The initial model (every adapter off: the warm-started base), no gradient."""
+        return Policy.teacher(self)
 
 
 def write_lesson(policy: Policy, episode: Episode, max_tokens: int) -> str:
@@ -158,60 +172,44 @@ def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], u
     return history
 
 
-def probe_success(policy: Policy, env: TextEnv, probe: list[tuple[Task, str]], cfg: RolloutConfig,
-                  batch_size: int = 1) -> float | None:
-    """PI-conditioned success: the current model with each task's PI in its context."""
+def probe_episodes(policy: Policy, env: TextEnv, probe: list[tuple[Task, str]], cfg: RolloutConfig,
+                   batch_size: int = 1) -> list[Episode]:
+    """The PI-conditioned probe: the current model with each task's PI in its context."""
     if not probe:
-        return None
-    episodes = evaluate(policy, env, [t for t, _ in probe], cfg, [z for _, z in probe], batch_size=batch_size)
-    return outcome_rates(episodes)["success_rate"]
+        return []
+    return evaluate(policy, env, [t for t, _ in probe], cfg, [z for _, z in probe], batch_size=batch_size)
 
 
 def deployment_record(cycle: int, deployed: list[Episode], probe: list[tuple[Task, str]],
-                      pi_success: float | None) -> dict:
+                      probed: list[Episode]) -> dict:
     """One cycle's outcomes. Plain probe success is read off the deployment (same weights, same tasks)."""
     rates = outcome_rates(deployed)
     solved = {e.task.task_id: e.verified for e in deployed}
     plain = sum(solved.get(t.task_id, False) for t, _ in probe) / len(probe) if probe else None
     return {"cycle": cycle, "deployed/success_rate": rates["success_rate"], "deployed/turns": rates["turns"],
             "deployed/invalid_rate": rates["invalid_rate"], "deployed/verified": sum(e.verified for e in deployed),
-            "probe/pi_success": pi_success, "probe/plain_success": plain, "probe/size": len(probe)}
-
-
-class CycleLog:
-    """TensorBoard scalars and one JSONL row per cycle in ``log_dir``."""
-
-    def __init__(self, log_dir: str | Path):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.dir = Path(log_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(str(self.dir))
-        self.path = self.dir / "cycles.jsonl"
-        self.path.write_text("")
-
-    def scalars(self, metrics: dict, step: int) -> None:
-        for k, v in metrics.items():
-            if "/" in k and isinstance(v, (int, float)):
-                self.writer.add_scalar(k, v, step)
-        self.writer.flush()
-
-    def row(self, record: dict) -> None:
-        self.scalars(record, record["cycle"])
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def close(self) -> None:
-        self.writer.close()
+            "probe/pi_success": outcome_rates(probed)["success_rate"] if probed else None,
+            "probe/plain_success": plain, "probe/size": len(probe)}
 
 
 def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAIL, cycles: CyclesConfig,
-               optim: OptimConfig, rollout_cfg: RolloutConfig, log_dir: str | Path) -> list[dict]:
-    """Deploy / distil ``cycles.cycles`` times; returns the ``cycles + 1`` per-cycle records."""
+               optim: OptimConfig, rollout_cfg: RolloutConfig, log_dir: str | Path, resume: bool = False,
+               config: str = "") -> list[dict]:
+    """Deploy / distil ``cycles.cycles`` times; returns the ``cycles + 1`` per-cycle records. With ``resume``,
+    a run stopped after a finished cycle goes on from ``log_dir``'s checkpoint (``lit_ascent.cycle_log``)."""
     policy = policy if isinstance(policy, SnapshotTeacher) else SnapshotTeacher(policy)
     opt = optim.adamw(policy.trainable_parameters())
-    logger, records, probe, step = CycleLog(log_dir), [], [], 0
-    for c in range(cycles.cycles + 1):
+    state = load_state(log_dir, config) if resume else None
+    records, probe, drift_probes, step = [], [], [], 0
+    if state:
+        load_adapter_state(policy.model, state["adapter"])
+        opt.load_state_dict(state["optimizer"])
+        by_id = {t.task_id: t for t in tasks}
+        records, step, drift_probes = state["records"], state["step"], state["drift_probes"]
+        probe = [(by_id[task_id], text) for task_id, text in state["probe"]]
+        log.info("resuming after cycle %d from %s", records[-1]["cycle"], log_dir)
+    logger = CycleLog(log_dir, finished=records[-1]["cycle"] if records else -1)
+    for c in range(len(records), cycles.cycles + 1):
         policy.snapshot()  # this cycle's teacher: the model at the start of the cycle
         t0 = time.perf_counter()
         deployed = evaluate(policy, env, tasks, rollout_cfg, batch_size=cycles.eval_batch_size)
@@ -220,9 +218,12 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
         texts = privileged_texts(policy, objective, verified, cycles) if c < cycles.cycles or fill_probe else []
         if fill_probe:  # fixed once found (first verified tasks, their PI), so cycles stay comparable
             probe = [(e.task, z) for e, z in zip(verified, texts)][: cycles.probe_size]
-        pi_success = probe_success(policy, env, probe, rollout_cfg, cycles.eval_batch_size)
-        record = deployment_record(c, deployed, probe, pi_success)
+        probed = probe_episodes(policy, env, probe, rollout_cfg, cycles.eval_batch_size)
+        record = deployment_record(c, deployed, probe, probed)
         record["perf/collect_s"] = time.perf_counter() - t0
+        if not drift_probes:  # fixed at the first deployment: drift is always from the same tokens
+            drift_probes = first_probes(policy.tokenizer, deployed, cycles.drift_probes)
+        record.update(deployment_diagnostics(policy, deployed, drift_probes, policy.initial))
         if c < cycles.cycles and verified:
             t1 = time.perf_counter()
             history = distil(policy, objective, list(zip(verified, texts)), cycles.updates_per_cycle,
@@ -233,11 +234,23 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
             record.update(updates=len(history), **mean_metrics(history))
             record["perf/distil_s"] = time.perf_counter() - t1
         log.info("cycle %d: %s", c, json.dumps(record))
-        logger.row(record)
+        logger.row(record, task_rows(c, "deployed", deployed) + task_rows(c, "probe", probed))
         records.append(record)
+        save_state(log_dir, {"config": config, "adapter": policy.adapter_state(), "optimizer": opt.state_dict(),
+                             "records": records, "step": step, "drift_probes": drift_probes,
+                             "probe": [(t.task_id, z) for t, z in probe]})
     policy.save_adapter(Path(log_dir) / "adapter")
     logger.close()
     return records
+
+
+def first_probes(tokenizer, episodes: list[Episode], size: int) -> list[dict]:
+    """The first ``size`` of ``episodes`` that hold an action, as drift probes (``collapse.make_probe``)."""
+    probes = []
+    for e in episodes:
+        if len(probes) < size and (probe := make_probe(tokenizer, e, PROBE_MAX_TOKENS, len(probes))):
+            probes.append(probe)
+    return probes
 
 
 def mean_metrics(history: list[dict]) -> dict[str, float]:
@@ -266,6 +279,8 @@ def build_parser():
     p.add_argument("--cycles", type=CyclesConfig, default=CyclesConfig(), help="The cycle schedule.")
     p.add_argument("--log_dir", type=str, default="runs/cycles", help="TensorBoard + cycles.jsonl folder.")
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda.")
+    p.add_argument("--resume", type=bool, default=False,
+                   help="Go on after the last finished cycle of log_dir (same config); none there: start afresh.")
     return p
 
 
@@ -279,10 +294,11 @@ def main(args: list[str] | None = None) -> list[dict]:
     policy = load_policy(init.llm, device)
     Path(init.log_dir).mkdir(parents=True, exist_ok=True)
     parser.save(cfg, str(Path(init.log_dir) / "config.yaml"), overwrite=True)
+    settings = parser.dump(cfg.clone().update(False, "resume"))  # what a resumed run must share
     tasks = deployment_tasks(init.env, init.num_tasks, init.task_seed)
     try:
         return run_cycles(policy, init.env, tasks, init.objective, init.cycles, init.optim, init.rollout,
-                          init.log_dir)
+                          init.log_dir, resume=init.resume, config=settings)
     finally:
         init.env.close()
 

@@ -271,6 +271,16 @@ class Policy(nn.Module):
         return next(self.model.parameters()).device
 
 
+def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``Policy.adapter_state()`` back into ``model``'s LoRA weights; a name the model lacks fails."""
+    params = dict(model.named_parameters())
+    if set(state) - set(params):
+        raise ValueError("checkpoint adapter does not match this model (check the llm.lora settings)")
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
 def adapter_is_zero(model) -> bool:
     """True when the model has LoRA layers and every B matrix is exactly zero (no update yet)."""
     b = [p for name, p in model.named_parameters() if "lora_B" in name]

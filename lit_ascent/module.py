@@ -11,7 +11,7 @@ from torchmetrics import MeanMetric, Metric
 
 from lit_ascent.engines import close_engines
 from lit_ascent.memory import Memory, NoMemory, memory_diagnostics
-from lit_ascent.models import ModelConfig, Policy, load_policy
+from lit_ascent.models import ModelConfig, Policy, load_adapter_state, load_policy
 from lit_ascent.objectives import Distillation, LossOutput, Objective
 from lit_ascent.objectives.experience_replay import ReplayBuffer, ReplayConfig
 from lit_ascent.outcome import EpisodeCallback, TaskOutcome
@@ -206,12 +206,7 @@ class OaTTTModule(L.LightningModule):
 
     def load_stream_state(self, state: dict) -> None:
         """Restore ``stream_state()``: the adapter, AdamW moments, objective statistics, the memory, metrics, counters."""
-        params = dict(self.policy.model.named_parameters())
-        if set(state["adapter"]) - set(params):
-            raise ValueError("checkpoint adapter does not match this model (check model.llm.lora)")
-        with torch.no_grad():
-            for name, value in state["adapter"].items():
-                params[name].copy_(value)
+        load_adapter_state(self.policy.model, state["adapter"])
         if state["optimizer"]:
             self.trainer.optimizers[0].load_state_dict(state["optimizer"])
         self.objective.load_state_dict(state["objective"])

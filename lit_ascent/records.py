@@ -13,22 +13,27 @@ import os
 from pathlib import Path
 
 
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """One run's records in stream order, from an experience log (``.jsonl``, or gzipped ``.jsonl.gz``).
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The JSON objects of a ``.jsonl`` (or gzipped ``.jsonl.gz``) log, in file order.
 
-    Blank lines are ignored; a last line that is not a complete record (a crash mid-write, the
-    line's newline never written) is dropped. A proper prefix of a JSON object never parses, so a
-    complete last line is kept with or without its newline.
+    Blank lines are ignored; a last line that is not a complete object (a crash mid-write, the line's
+    newline never written) is dropped. A proper prefix of a JSON object never parses, so a complete last
+    line is kept with or without its newline.
     """
     with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rb") as f:
         lines = [line for line in f.read().split(b"\n") if line.strip()]
-    records = [json.loads(line) for line in lines[:-1]]
+    rows = [json.loads(line) for line in lines[:-1]]
     if lines:
         try:
-            records.append(json.loads(lines[-1]))
+            rows.append(json.loads(lines[-1]))
         except json.JSONDecodeError:
             pass  # the partial line of an interrupted write
-    return sorted(records, key=lambda r: r["task_index"])
+    return rows
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """One run's records in stream order, from an experience log (``read_jsonl``)."""
+    return sorted(read_jsonl(path), key=lambda r: r["task_index"])
 
 
 def record_rates(records: list[dict]) -> dict[str, float]:

@@ -7,7 +7,7 @@ import torch
 from test_resail import PI, make_episode
 from torch.testing import assert_close
 
-from lit_ascent.cycles import CyclesConfig, SnapshotTeacher, distil, main, write_lesson
+from lit_ascent.cycles import CyclesConfig, SnapshotTeacher, distil, first_probes, main, write_lesson
 from lit_ascent.objectives import ReSAIL
 from lit_ascent.privileged import LESSON_HEADER
 
@@ -75,3 +75,88 @@ def test_debug_config_runs_two_cycles(tmp_path, variant, extra):
     assert "loss/selective" in rows[0] and ("loss/retention" in rows[0]) == variant.endswith("resail")
     assert list(tmp_path.glob("events.out.tfevents.*"))
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+DEBUG = ["--config", "configs/resail/debug_sdpo.yaml", "--config", "configs/resail/debug_sdpo_resail.yaml",
+         "--num_tasks", "2", "--env.init_args.verify_every", "1"]
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def test_a_run_resumed_after_a_finished_cycle_gives_the_uninterrupted_rows(tmp_path, monkeypatch):
+    whole = main([*DEBUG, "--log_dir", str(tmp_path / "whole")])
+    import lit_ascent.cycles as cycles
+
+    real, calls = cycles.distil, []
+
+    def stop_in_cycle_1(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the machine went away while cycle 1 distilled
+        return real(*args)
+
+    monkeypatch.setattr(cycles, "distil", stop_in_cycle_1)
+    with pytest.raises(KeyboardInterrupt):
+        main([*DEBUG, "--log_dir", str(tmp_path / "cut")])
+    monkeypatch.undo()
+    resumed = main([*DEBUG, "--log_dir", str(tmp_path / "cut"), "--resume", "true"])
+    assert without_timings(resumed) == without_timings(whole) and len(whole) == 3
+    for name in ("cycles.jsonl", "tasks.jsonl"):
+        rows = [json.loads(x) for x in (tmp_path / "cut" / name).read_text().splitlines()]
+        assert without_timings(rows) == without_timings(
+            [json.loads(x) for x in (tmp_path / "whole" / name).read_text().splitlines()])  # no row twice
+    from safetensors.torch import load_file
+
+    final = [load_file(tmp_path / run / "adapter" / "adapter_model.safetensors") for run in ("whole", "cut")]
+    assert final[0].keys() == final[1].keys() and all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def test_resume_with_another_setting_fails_naming_it(tmp_path):
+    main([*DEBUG, "--log_dir", str(tmp_path), "--cycles.cycles", "1"])
+    with pytest.raises(ValueError, match="resume: the config differs"):
+        main([*DEBUG, "--log_dir", str(tmp_path), "--cycles.cycles", "1", "--optim.lr", "0.5", "--resume", "true"])
+    rows = main([*DEBUG, "--log_dir", str(tmp_path), "--cycles.cycles", "1", "--resume", "true"])
+    assert len(rows) == 2  # nothing left to run: the finished rows come back
+
+
+def test_each_cycle_logs_its_task_outcomes_and_collapse_diagnostics(tmp_path):
+    rows = main([*DEBUG, "--log_dir", str(tmp_path)])
+    tasks = [json.loads(x) for x in (tmp_path / "tasks.jsonl").read_text().splitlines()]
+    for r in rows:
+        deployed = [t for t in tasks if t["cycle"] == r["cycle"] and t["kind"] == "deployed"]
+        probed = [t for t in tasks if t["cycle"] == r["cycle"] and t["kind"] == "probe"]
+        assert len(deployed) == 2 and len(probed) == r["probe/size"] == 2
+        assert r["deployed/verified"] == sum(t["verified"] for t in deployed)
+        assert r["probe/pi_success"] == sum(t["verified"] for t in probed) / 2
+        assert r["diagnostics/first_token_entropy"] > 0 and "diagnostics/repeat_action_rate" in r
+        assert "diagnostics/action_kl" in r  # the random model's episodes hold no action: no probe, 0
+    assert abs(rows[0]["diagnostics/drift_kl"]) < 1e-6 < rows[1]["diagnostics/drift_kl"]  # moved in cycle 0
+
+
+def test_deployment_diagnostics_are_the_means_over_the_episodes_and_the_probes_drift(policy):
+    from conftest import hand_episode
+
+    from lit_ascent.collapse import deployment_diagnostics, first_token, probe_drift
+    from lit_ascent.metrics import repeated_actions
+
+    snap = SnapshotTeacher(policy)
+    episodes = [hand_episode(policy.tokenizer, ["Action: go north", "Action: go north"], first="Goal: a"),
+                hand_episode(policy.tokenizer, ["Action: take key", "Action: go east"], first="Goal: bb")]
+    probes = first_probes(policy.tokenizer, episodes, 1)
+    assert len(probes) == 1 and torch.equal(probes[0]["ids"][:10], episodes[0].ids()[:10])
+    with torch.no_grad():
+        for name, p in snap.model.named_parameters():
+            if "lora_B" in name and ".default." in name:
+                p.add_(0.1)
+    got = deployment_diagnostics(snap, episodes, probes, snap.initial)
+    each = [first_token(snap, e, snap.initial) | repeated_actions(e.actions) for e in episodes]
+    for key in ("diagnostics/first_token_entropy", "diagnostics/drift_kl", "diagnostics/repeat_action_rate"):
+        assert got[key] == pytest.approx((each[0][key] + each[1][key]) / 2)
+    assert got["diagnostics/repeat_action_rate"] == pytest.approx(0.25) and got["diagnostics/drift_kl"] > 0
+    assert got["diagnostics/action_kl"] == probe_drift(snap, probes, snap.initial)["diagnostics/action_kl"] > 0
+    with snap.initial():  # the initial model is every adapter off, not the cycle's teacher
+        base = snap.logits(episodes[0].ids())
+    with torch.no_grad(), snap.model.disable_adapter():
+        assert torch.equal(snap.logits(episodes[0].ids()), base)

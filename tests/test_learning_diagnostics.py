@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import hand_episode
 
-from callbacks.diagnostics import CollapseDiagnostics, action_positions
+from callbacks.diagnostics import CollapseDiagnostics
+from lit_ascent.collapse import action_positions
 from lit_ascent.envs.base import action_span, action_token_mask
 from lit_ascent.metrics import action_drift, repeated_actions
 from lit_ascent.outcome import TaskOutcome

@@ -115,7 +115,8 @@ def test_smollm2_replay_and_learning_diagnostics_on_a_verified_textcraft_episode
     and the action tokens found by the diagnostics spell the episode's actions."""
     import torch
 
-    from callbacks.diagnostics import CollapseDiagnostics, action_positions
+    from callbacks.diagnostics import CollapseDiagnostics
+    from lit_ascent.collapse import action_positions
     from lit_ascent.bench.replay import real_episode
     from lit_ascent.models import ModelConfig, load_policy
     from lit_ascent.objectives import Distillation
