@@ -1,0 +1,184 @@
+"""The iterated-cycles report (``lit_ascent.cycles``; issue 36): per method and cycle, mean ± std over seeds of
+deployed (plain) success, PI-conditioned success, the share of steps SGS kept, the drift from the initial model
+on action tokens, first-token entropy, repeated actions and the invalid rate; method-vs-method pairs per cycle,
+task by task on the same deployment set (McNemar, Newcombe's interval); plots per cycle.
+
+    python -m lit_ascent.results.cycles_report runs/resail_cycles --out docs/results/resail_cycles \\
+        --pairs sdpo_resail:sdpo oel_resail:oel
+
+Runs: ``<root>/<method>/<seed>/`` holding ``cycles.jsonl`` and ``tasks.jsonl`` (``lit_ascent.cycle_log``). A
+finished run (its final ``adapter/`` written) is archived into ``<out>/runs/<method>/<seed>.{cycles,tasks}.jsonl.gz``
+and read back from there when ``runs/`` is gone; unfinished runs are left out, named.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lit_ascent.options import parse_options
+from lit_ascent.records import read_jsonl
+from lit_ascent.results.paired import mean_std, method_order, paired_markdown, paired_rows
+from lit_ascent.results.report import parse_pair
+
+FILES = ("cycles", "tasks")
+COLUMNS = {  # key in a cycle row -> (header, scale; 100: shown in percent)
+    "deployed/success_rate": ("deployed success (%)", 100),
+    "probe/pi_success": ("PI-conditioned success (%)", 100),
+    "sgs_kept": ("steps SGS kept (%)", 100),
+    "diagnostics/action_kl": ("action KL from the initial model (nats)", 1),
+    "diagnostics/first_token_entropy": ("first-token entropy (nats)", 1),
+    "diagnostics/repeat_action_rate": ("repeated actions (%)", 100),
+    "deployed/invalid_rate": ("invalid rate (%)", 100),
+}
+PLOTS = {"deployed": "deployed/success_rate", "pi_conditioned": "probe/pi_success", "action_kl": "diagnostics/action_kl",
+         "first_token_entropy": "diagnostics/first_token_entropy"}
+CycleRuns = dict[str, dict[str, dict[str, list[dict]]]]  # method -> seed -> {"cycles": rows, "tasks": rows}
+
+
+def sgs_kept(row: dict) -> float | None:
+    """The share of the cycle's distilled steps that SGS kept (mean selected over mean steps per update)."""
+    steps = row.get("resail/steps")
+    return row["resail/selected_steps"] / steps if steps else None
+
+
+def cycle_value(row: dict, key: str) -> float | None:
+    return sgs_kept(row) if key == "sgs_kept" else row.get(key)
+
+
+def load_cycle_runs(root: Path, archive: Path) -> tuple[CycleRuns, list[str]]:
+    """Finished runs under ``root`` (archived into ``archive`` first) and those only in ``archive``; the names
+    of unfinished runs left out."""
+    runs: CycleRuns = {}
+    unfinished = []
+    for cycles in sorted(root.glob("*/*/cycles.jsonl")) if root.is_dir() else []:
+        run, method, seed = cycles.parent, cycles.parent.parent.name, cycles.parent.name
+        if not (run / "adapter").is_dir():
+            unfinished.append(f"{method}/{seed}")
+            continue
+        for name in FILES:
+            target = archive / method / f"{seed}.{name}.jsonl.gz"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(run / f"{name}.jsonl", "rb") as src, gzip.GzipFile(target, "wb", mtime=0) as dst:
+                shutil.copyfileobj(src, dst)
+    for first in sorted(archive.glob(f"*/*.{FILES[0]}.jsonl.gz")) if archive.is_dir() else []:
+        seed = first.name.removesuffix(f".{FILES[0]}.jsonl.gz")
+        runs.setdefault(first.parent.name, {})[seed] = {
+            name: read_jsonl(first.parent / f"{seed}.{name}.jsonl.gz") for name in FILES}
+    return runs, unfinished
+
+
+def cycle_table(runs: CycleRuns) -> list[dict]:
+    """One row per (method, cycle): mean ± std over the seeds of every ``COLUMNS`` value."""
+    rows = []
+    for method, seeds in runs.items():
+        cycles = sorted({r["cycle"] for run in seeds.values() for r in run["cycles"]})
+        for c in cycles:
+            at = [r for run in seeds.values() for r in run["cycles"] if r["cycle"] == c]
+            rows.append({"method": method, "cycle": c, "seeds": len(at),
+                         **{key: mean_std([cycle_value(r, key) for r in at]) for key in COLUMNS}})
+    return rows
+
+
+def format_stat(stat: tuple[float, float, int] | None, scale: float) -> str:
+    if stat is None:
+        return "-"
+    mean, std, _ = stat
+    return f"{mean * scale:.1f} ± {std * scale:.1f}" if scale == 100 else f"{mean:.3g} ± {std:.2g}"
+
+
+def cycle_markdown(rows: list[dict]) -> str:
+    head = ["method", "cycle", "seeds", *(h for h, _ in COLUMNS.values())]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [format_stat(r[key], scale) for key, (_, scale) in COLUMNS.items()]
+        lines.append(f"| {r['method']} | {r['cycle']} | {r['seeds']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def tasks_of(run: dict[str, list[dict]], cycle: int, kind: str) -> list[dict]:
+    return [t for t in run["tasks"] if t["cycle"] == cycle and t["kind"] == kind]
+
+
+def cycle_pair_rows(runs: CycleRuns, method: str, reference: str, kind: str = "deployed") -> list[dict]:
+    """``paired_rows`` of ``method`` against ``reference`` at each cycle both reached (``kind``: deployed |
+    probe), per seed and pooled, each row with its ``cycle``."""
+    rows = []
+    cycles = sorted({t["cycle"] for run in runs[method].values() for t in run["tasks"]})
+    for c in cycles:
+        both = {m: {seed: tasks_of(run, c, kind) for seed, run in runs[m].items()} for m in (method, reference)}
+        rows += [{**r, "seed": f"cycle {c}, {r['seed']}"} for r in paired_rows(both, reference)]
+    return rows
+
+
+def plot_cycles(rows: list[dict], key: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    header, scale = COLUMNS[key]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        points = [(r["cycle"], r[key]) for r in rows if r["method"] == method and r[key] is not None]
+        if points:
+            ax.errorbar([c for c, _ in points], [s[0] * scale for _, s in points], [s[1] * scale for _, s in points],
+                        label=method, marker="o", capsize=3, linestyle=("-", "--", ":", "-.")[i % 4])
+    ax.set(title=header, xlabel="cycles of distillation", ylabel=header)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None) -> dict[str, Path]:
+    archive = out / "runs"
+    runs, unfinished = load_cycle_runs(root, archive)
+    if not runs:
+        raise FileNotFoundError(f"no finished <method>/<seed>/cycles.jsonl under {root} and none archived in {archive}")
+    runs = {m: runs[m] for m in method_order(runs, "")}
+    rows = cycle_table(runs)
+    text = (f"Cycles runs under `{root}` and archived in `{archive}`; row c: the model after c cycles of "
+            "distillation, mean ± sample std over seeds. SGS kept: selected / distilled steps per update. Action KL: "
+            "KL(model || initial) on the action tokens of cycle 0's first deployed episodes.\n\n" + cycle_markdown(rows))
+    text += "".join(f"\nUnfinished, left out: `{run}`." for run in unfinished)
+    for method, reference in (parse_pair(p, runs) for p in pairs or ()):
+        for kind, what in (("deployed", "deployed (plain)"), ("probe", "PI-conditioned")):
+            text += (f"\n\n`{method}` vs `{reference}`, {what} success, task by task on the same tasks; McNemar exact "
+                     f"p, difference with Newcombe's 95% interval:\n\n"
+                     + paired_markdown(cycle_pair_rows(runs, method, reference, kind), reference))
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"table": out / "cycles.md", "numbers": out / "cycles.json"}
+    files["table"].write_text(text)
+    files["numbers"].write_text(json.dumps(rows, indent=1))
+    for name, key in PLOTS.items():
+        files[name] = plot_cycles(rows, key, out / f"{name}.png")
+    return files
+
+
+@dataclass
+class CyclesReportOptions:
+    """The command line of ``python -m lit_ascent.results.cycles_report``."""
+
+    root: Path = field(metadata={"positional": True})
+    """Folder holding <method>/<seed>/cycles.jsonl and tasks.jsonl."""
+    out: Path
+    """Output folder (e.g. docs/results/resail_cycles)."""
+    pairs: list[str] = field(default_factory=list)
+    """METHOD:REFERENCE comparisons per cycle, task by task (e.g. sdpo_resail:sdpo)."""
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    args = parse_options(CyclesReportOptions, argv, prog="python -m lit_ascent.results.cycles_report",
+                         description=__doc__)
+    files = write_cycles_report(args.root, args.out, args.pairs)
+    print(files["table"].read_text())
+    return files
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The cycles report against hand-made runs: per-cycle means, the SGS share, per-cycle pairs, the archive."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from lit_ascent.results import cycles_report
+
+
+def write_run(root, method, seed, solved, pi, kept=None, finished=True):
+    """A run whose cycle c deployed tasks t0..t3 solving ``solved[c]`` (a string of 0/1) and probed t0, t1
+    with outcomes ``pi[c]``; ``kept[c]``: (selected, steps) per update."""
+    run = root / method / seed
+    run.mkdir(parents=True)
+    cycles, tasks = [], []
+    for c, (deployed, probed) in enumerate(zip(solved, pi)):
+        row = {"cycle": c, "deployed/success_rate": deployed.count("1") / 4, "probe/pi_success": probed.count("1") / 2,
+               "deployed/invalid_rate": 0.5, "diagnostics/action_kl": 0.01 * c,
+               "diagnostics/first_token_entropy": 1.0, "diagnostics/repeat_action_rate": 0.1}
+        if kept and c < len(kept):
+            row |= {"resail/selected_steps": kept[c][0], "resail/steps": kept[c][1]}
+        cycles.append(row)
+        tasks += [{"cycle": c, "kind": "deployed", "task_id": f"t{i}", "verified": s == "1"} for i, s in enumerate(deployed)]
+        tasks += [{"cycle": c, "kind": "probe", "task_id": f"t{i}", "verified": s == "1"} for i, s in enumerate(probed)]
+    (run / "cycles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cycles))
+    (run / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tasks))
+    if finished:
+        (run / "adapter").mkdir()
+
+
+def test_cycle_table_pairs_and_archive_against_hand_counts(tmp_path):
+    root, out = tmp_path / "runs", tmp_path / "report"
+    write_run(root, "sdpo", "seed0", ["1100", "1000"], ["11", "10"])
+    write_run(root, "sdpo", "seed1", ["1000", "0000"], ["10", "00"])
+    write_run(root, "sdpo_resail", "seed0", ["1100", "1110"], ["11", "11"], kept=[(1.0, 20.0)])
+    write_run(root, "sdpo_resail", "seed1", ["1000", "1100"], ["10", "11"], kept=[(3.0, 20.0)])
+    write_run(root, "sdpo_resail", "seed2", ["1000"], ["10"], finished=False)
+    files = cycles_report.write_cycles_report(root, out, ["sdpo_resail:sdpo"])
+    rows = {(r["method"], r["cycle"]): r for r in json.loads(files["numbers"].read_text())}
+    assert rows["sdpo", 1]["deployed/success_rate"][:2] == pytest.approx([0.125, 0.125 * 2 ** 0.5])
+    assert rows["sdpo_resail", 0]["sgs_kept"][0] == pytest.approx((0.05 + 0.15) / 2)
+    assert rows["sdpo_resail", 1]["sgs_kept"] is None and rows["sdpo", 0]["sgs_kept"] is None  # no SGS metrics
+    assert rows["sdpo_resail", 1]["seeds"] == 2  # seed2 unfinished: left out
+    text = files["table"].read_text()
+    assert "Unfinished, left out: `sdpo_resail/seed2`." in text
+    # cycle 1, pooled: both solved t0 (seed0); only resail: seed0 t1, t2 and seed1 t0, t1; only sdpo: none
+    assert "| sdpo_resail | cycle 1, pooled | 1 | 4 | 0 | 3 | 0.125 |" in text
+    assert "| sdpo_resail | cycle 0, pooled | 3 | 0 | 0 | 5 | 1 |" in text  # identical cycle-0 deployments
+    assert all(files[name].is_file() for name in cycles_report.PLOTS)
+
+    shutil.rmtree(root)  # runs/ gone (a new machine): the archive alone gives the same report
+    from_archive = cycles_report.write_cycles_report(root, out, ["sdpo_resail:sdpo"])
+    assert from_archive["table"].read_text() == text.replace("\nUnfinished, left out: `sdpo_resail/seed2`.", "")
+
+
+def test_a_bad_pair_or_no_run_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cycles.jsonl"):
+        cycles_report.write_cycles_report(tmp_path / "none", tmp_path / "out")
+    write_run(tmp_path / "runs", "sdpo", "seed0", ["1"], ["1"])
+    with pytest.raises(ValueError, match="oel"):
+        cycles_report.write_cycles_report(tmp_path / "runs", tmp_path / "out", ["sdpo:oel"])
