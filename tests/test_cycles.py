@@ -160,3 +160,14 @@ def test_deployment_diagnostics_are_the_means_over_the_episodes_and_the_probes_d
         base = snap.logits(episodes[0].ids())
     with torch.no_grad(), snap.model.disable_adapter():
         assert torch.equal(snap.logits(episodes[0].ids()), base)
+
+
+def test_the_fused_engine_gives_the_cycles_of_the_reference_decoder(tmp_path):
+    """Deployment and probes through the fused CPU decoder (the reference configs' engine), batched: the
+    same rows as transformers' forward one episode at a time (float32), though the student changes each cycle."""
+    hf = main([*DEBUG, "--log_dir", str(tmp_path / "hf")])
+    fused = main([*DEBUG, "--log_dir", str(tmp_path / "fused"), "--rollout.engine", "fused",
+                  "--cycles.eval_batch_size", "2"])
+    assert without_timings(fused) == without_timings(hf)
+    assert [t for t in (tmp_path / "fused" / "tasks.jsonl").read_text().splitlines()] == \
+        [t for t in (tmp_path / "hf" / "tasks.jsonl").read_text().splitlines()]
