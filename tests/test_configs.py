@@ -189,6 +189,19 @@ def test_cycles_overlay_changes_only_the_keys_it_names(overlay):
     assert {k: v for k, v in cfg.items() if k not in named} == {k: v for k, v in ref.items() if k not in named}
 
 
+@pytest.mark.parametrize("overlay", [None, *(p for p in CYCLES_OVERLAYS if not p.stem.startswith("debug"))],
+                         ids=lambda p: p.stem if p else "sdpo")
+def test_the_reference_base_overlay_goes_with_every_cycles_method(overlay):
+    reference = CONFIGS / "resail/reference/textcraft.yaml"
+    method = [overlay] if overlay else []
+    cfg = parse_cycles(CYCLES_BASES[0], reference, *method)
+    assert cfg["llm.warm_start_adapter"] == "adapters/textcraft-ref" and cfg["rollout.engine"] == "fused"
+    alone = parse_cycles(CYCLES_BASES[0], *method)  # the method's own keys are untouched by the overlay
+    named = flat(yaml.safe_load(reference.read_text()))
+    assert {k: v for k, v in cfg.items() if k not in named and not k.startswith("env.")} == \
+        {k: v for k, v in alone.items() if k not in named and not k.startswith("env.")}
+
+
 TINY_RUN = ("--data.env.init_args.num_tasks", "2", "--data.shuffle", "false",
             "--model.rollout.max_turns", "1", "--model.rollout.max_new_tokens", "4",
             "--trainer.enable_progress_bar", "false", "--report.verbose", "false",

@@ -49,6 +49,8 @@ def test_cycle_table_pairs_and_archive_against_hand_counts(tmp_path):
     assert "| sdpo_resail | cycle 1, pooled | 1 | 4 | 0 | 3 | 0.125 |" in text
     assert "| sdpo_resail | cycle 0, pooled | 3 | 0 | 0 | 5 | 1 |" in text  # identical cycle-0 deployments
     assert all(files[name].is_file() for name in cycles_report.PLOTS)
+    # sdpo cycle 1 vs 0, pooled: seed0 1100 -> 1000, seed1 1000 -> 0000: both 1, only after 0, only before 2
+    assert "| sdpo after 1 | pooled | 1 | 0 | 2 | 5 | 0.5 |" in text
 
     shutil.rmtree(root)  # runs/ gone (a new machine): the archive alone gives the same report
     from_archive = cycles_report.write_cycles_report(root, out, ["sdpo_resail:sdpo"])

@@ -189,3 +189,21 @@ def test_committed_textcraft_episode_reproduces_in_float32():
     finally:
         data.teardown()
     assert episode.actions == committed["actions"] and episode.verified == committed["verified"] is True
+
+
+def test_resail_cycles_on_the_textcraft_reference_base(tmp_path):
+    """`scripts/resail_cycles.sh`'s configs on the real model and TextCraft, cut to 3 tasks and 1 cycle: the
+    reference base verifies a task, SGS distils it, the collapse diagnostics see the moved action tokens."""
+    from lit_ascent.cycles import main
+
+    rows = main(["--config", "configs/resail/sdpo.yaml", "--config", "configs/resail/reference/textcraft.yaml",
+                 "--config", "configs/resail/sdpo_resail.yaml", "--env.init_args", '{"depths": [2], "split": "eval"}',
+                 "--num_tasks", "3", "--task_seed", "244", "--rollout.max_turns", "10", "--cycles.cycles", "1",
+                 "--cycles.updates_per_cycle", "2", "--cycles.batch_size", "2", "--cycles.probe_size", "1",
+                 "--cycles.eval_batch_size", "3", "--log_dir", str(tmp_path)])
+    assert len(rows) == 2 and rows[0]["deployed/verified"] >= 1 and rows[0]["updates"] == 2
+    assert 0 < rows[0]["resail/selected_steps"] < rows[0]["resail/steps"]  # SGS kept a share of the steps
+    assert rows[0]["diagnostics/probe_actions"] > 0 and rows[0]["diagnostics/action_kl"] == 0  # initial weights
+    assert rows[1]["diagnostics/action_kl"] > 0 and rows[1]["probe/size"] == 1
+    tasks = [json.loads(line) for line in (tmp_path / "tasks.jsonl").read_text().splitlines()]
+    assert len(tasks) == 2 * (3 + 1) and all(t["task_id"].startswith("minecraft:") for t in tasks)

@@ -113,6 +113,18 @@ def cycle_pair_rows(runs: CycleRuns, method: str, reference: str, kind: str = "d
     return rows
 
 
+def cycle_change_rows(runs: CycleRuns, kind: str = "deployed") -> list[dict]:
+    """Each method's last cycle paired with its cycle 0 on the same tasks (``paired_rows``; per seed and pooled):
+    whether the cycles raised or lowered success (``kind``: deployed | probe)."""
+    rows = []
+    for method, seeds in runs.items():
+        last = min(max(r["cycle"] for r in run["cycles"]) for run in seeds.values())
+        ends = {f"{method} after {last}": {s: tasks_of(run, last, kind) for s, run in seeds.items()},
+                f"{method} at 0": {s: tasks_of(run, 0, kind) for s, run in seeds.items()}}
+        rows += paired_rows(ends, f"{method} at 0")
+    return rows
+
+
 def plot_cycles(rows: list[dict], key: str, path: Path) -> Path:
     import matplotlib
 
@@ -146,6 +158,10 @@ def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None) -
             "distillation, mean ± sample std over seeds. SGS kept: selected / distilled steps per update. Action KL: "
             "KL(model || initial) on the action tokens of cycle 0's first deployed episodes.\n\n" + cycle_markdown(rows))
     text += "".join(f"\nUnfinished, left out: `{run}`." for run in unfinished)
+    for kind, what in (("deployed", "deployed (plain)"), ("probe", "PI-conditioned")):
+        text += (f"\n\nEach method's last cycle against its cycle 0, {what} success, task by task (the cycles' "
+                 "effect; 'only method': solved after the cycles only):\n\n"
+                 + paired_markdown(cycle_change_rows(runs, kind), "cycle 0"))
     for method, reference in (parse_pair(p, runs) for p in pairs or ()):
         for kind, what in (("deployed", "deployed (plain)"), ("probe", "PI-conditioned")):
             text += (f"\n\n`{method}` vs `{reference}`, {what} success, task by task on the same tasks; McNemar exact "
