@@ -91,7 +91,7 @@ def test_report_pairs_two_methods_on_the_stream_and_the_held_out_set(tmp_path):
     # held-out: both h0, only both h2 h3 h4, only memory h1, neither h5
     assert f"| both | seed0 | 1 | 3 | 1 | 1 | {paired.mcnemar_exact_p(3, 1):.3g} |" in held
     memory_table = table[table.index("In-context memory per run"):]
-    assert "| memory | seed0 | 4 | 250 / 400 | 75% | 1.67 | 1 / 1 | 3 | - | 33% / 100% |" in memory_table
+    assert "| memory | seed0 | 4 | 250 / 400 | 75% | 1.67 | 1 / 1 | 3 | - | - | 33% / 100% |" in memory_table
     assert "| base |" not in memory_table
 
 

@@ -294,7 +294,8 @@ def write_report(root: Path, out: Path, base: str = "base", prefix: bool = False
     if memory := memory_rows(runs):
         updates += ("\nIn-context memory per run (`lit_ascent.memory`): tokens of the block each stream task was shown "
                     "(a task with an empty memory counts 0), the entries shown and those the token cap cut; on the tasks "
-                    "shown a block, the share of the agent's actions that repeat one the block quotes, verbatim; and "
+                    "shown a block, the share of the agent's actions that repeat one the block quotes, verbatim, and one it "
+                    "says was rejected (a playbook's warnings); and "
                     "the success rate on the tasks shown a block and on the others.\n\n"
                     + memory_markdown(memory))
     files["table"].write_text(intro + markdown_table(table) + left_out + ("\n" if left_out else "") + paired + updates)
