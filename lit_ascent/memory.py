@@ -120,6 +120,11 @@ class NoMemory(Memory):
 
     active = False
 
+    def __init__(self):
+        # No settings: jsonargparse carries a default's init_args over to the class a config switches to,
+        # so a max_tokens here would silently replace the chosen memory's own default.
+        super().__init__()
+
 
 class ProceduralMemory(Memory):
     """Verified trajectories of earlier tasks, the ``k`` most similar shown (BM25)."""

@@ -3,6 +3,7 @@ teacher never sees the memory, the playbook writers are bounded and logged, and 
 with a non-empty memory resumes exactly."""
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import signal
@@ -180,7 +181,7 @@ def test_model_writer_reflects_within_its_token_cap(policy):
 @pytest.mark.parametrize("cls,kwargs,match", [
     (ProceduralMemory, {"k": 0}, "k and max_entries"), (ProceduralMemory, {"match": "title"}, "match"),
     (ProceduralMemory, {"pi_content": "all"}, "pi_content"), (Playbook, {"writer": "llm"}, "writer"),
-    (Playbook, {"max_lessons": 0}, "max_lessons"), (NoMemory, {"max_tokens": 0}, "max_tokens"),
+    (Playbook, {"max_lessons": 0}, "max_lessons"), (Playbook, {"max_tokens": 0}, "max_tokens"),
 ])
 def test_bad_settings_name_the_option(cls, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -221,3 +222,13 @@ def runs(tmp_path_factory):
     cfg = root / "config.yaml"
     cfg.write_text(CONFIG.replace("SAVE_DIR", str(root)))
     return root, cfg
+
+
+def test_a_memory_chosen_on_the_command_line_keeps_its_own_defaults():
+    """The default NoMemory has no settings that jsonargparse could carry over into the class a config picks
+    (it once gave Playbook a max_tokens of 1024 in place of its own 512)."""
+    from lit_ascent.cli import main
+
+    cli = main(["--config", "configs/debug.yaml", "--model.memory", "lit_ascent.memory.Playbook"], run=False)
+    assert isinstance(cli.model.memory, Playbook) and cli.model.memory.max_tokens == 512
+    assert cli.model.memory.max_tokens == inspect.signature(Playbook).parameters["max_tokens"].default
