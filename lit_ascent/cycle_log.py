@@ -27,8 +27,9 @@ def task_rows(cycle: int, kind: str, episodes: list[Episode]) -> list[dict]:
 
 
 class CycleLog:
-    """The run's rows and scalars; ``resume`` keeps the rows of the cycles up to ``finished`` (a cycle cut
-    short by a stop left rows that its rerun writes again) instead of starting the files afresh."""
+    """The run's rows and scalars. A resumed run (``finished`` >= 0, its last checkpointed cycle) keeps the
+    rows of cycles up to ``finished`` and drops later ones (a cycle stopped before its checkpoint, which the
+    resumed run plays again); a fresh run starts the files empty."""
 
     def __init__(self, log_dir: str | Path, finished: int = -1):
         from torch.utils.tensorboard import SummaryWriter
