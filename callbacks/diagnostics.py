@@ -17,7 +17,7 @@ Everything here is measured in ``on_episode``, for the policy that acted on the 
 from __future__ import annotations
 
 from callbacks.base import EpisodeCallback
-from lit_ascent.collapse import first_token, make_probe, no_drift, probe_drift
+from lit_ascent.collapse import PROBE_MAX_TOKENS, first_token, make_probe, no_drift, probe_drift
 from lit_ascent.metrics import repeated_actions
 from lit_ascent.models import adapter_is_zero
 
@@ -25,7 +25,7 @@ from lit_ascent.models import adapter_is_zero
 class CollapseDiagnostics(EpisodeCallback):
     """First-token entropy and drift, repeated actions, and action drift on a probe set."""
 
-    def __init__(self, every_n_tasks: int = 1, probe_episodes: int = 4, probe_max_tokens: int = 2048):
+    def __init__(self, every_n_tasks: int = 1, probe_episodes: int = 4, probe_max_tokens: int = PROBE_MAX_TOKENS):
         """
         Args:
             every_n_tasks: First-token statistics every k tasks (two prompt forwards each); 0 disables.

@@ -23,6 +23,7 @@ from lit_ascent.trajectory import Episode
 
 Initial = Callable[[], ContextManager]
 TURN_ID_STRIDE = 10_000  # probe k's turn t is action k * stride + t: unique over the set
+PROBE_MAX_TOKENS = 2048  # a probe is cut to its first tokens (bounds the forward's cost)
 
 
 def action_positions(tokenizer, episode: Episode, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,6 +57,15 @@ def make_probe(tokenizer, episode: Episode, max_tokens: int, number: int) -> dic
     if not len(pos):
         return None
     return {"ids": episode.ids()[: int(pos.max()) + 1], "positions": pos, "turns": turn_of + TURN_ID_STRIDE * number}
+
+
+def first_probes(tokenizer, episodes: list[Episode], size: int, max_tokens: int = PROBE_MAX_TOKENS) -> list[dict]:
+    """The first ``size`` of ``episodes`` that hold an action, as probes (``make_probe``)."""
+    probes = []
+    for e in episodes:
+        if len(probes) < size and (probe := make_probe(tokenizer, e, max_tokens, len(probes))):
+            probes.append(probe)
+    return probes
 
 
 def no_drift() -> dict[str, float]:

@@ -34,7 +34,7 @@ from typing import Iterator
 
 import torch
 
-from lit_ascent.collapse import deployment_diagnostics, make_probe
+from lit_ascent.collapse import deployment_diagnostics, first_probes
 from lit_ascent.cycle_log import CycleLog, load_state, save_state, task_rows
 from lit_ascent.engines.hf import greedy_reply
 from lit_ascent.envs.base import TextEnv
@@ -52,7 +52,6 @@ from lit_ascent.trajectory import Episode, Task
 log = logging.getLogger(__name__)
 
 PI_SOURCES = ("trajectory", "lesson")
-PROBE_MAX_TOKENS = 2048  # a drift probe is cut to its first tokens (bounds the forward's cost)
 LESSON_SYSTEM = "You review a verified solution of a task and write a lesson for future attempts."
 
 
@@ -242,15 +241,6 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
     policy.save_adapter(Path(log_dir) / "adapter")
     logger.close()
     return records
-
-
-def first_probes(tokenizer, episodes: list[Episode], size: int) -> list[dict]:
-    """The first ``size`` of ``episodes`` that hold an action, as drift probes (``collapse.make_probe``)."""
-    probes = []
-    for e in episodes:
-        if len(probes) < size and (probe := make_probe(tokenizer, e, PROBE_MAX_TOKENS, len(probes))):
-            probes.append(probe)
-    return probes
 
 
 def mean_metrics(history: list[dict]) -> dict[str, float]:

@@ -7,7 +7,7 @@ import torch
 from test_resail import PI, make_episode
 from torch.testing import assert_close
 
-from lit_ascent.cycles import CyclesConfig, SnapshotTeacher, distil, first_probes, main, write_lesson
+from lit_ascent.cycles import CyclesConfig, SnapshotTeacher, distil, main, write_lesson
 from lit_ascent.objectives import ReSAIL
 from lit_ascent.privileged import LESSON_HEADER
 
@@ -138,7 +138,7 @@ def test_each_cycle_logs_its_task_outcomes_and_collapse_diagnostics(tmp_path):
 def test_deployment_diagnostics_are_the_means_over_the_episodes_and_the_probes_drift(policy):
     from conftest import hand_episode
 
-    from lit_ascent.collapse import deployment_diagnostics, first_token, probe_drift
+    from lit_ascent.collapse import deployment_diagnostics, first_probes, first_token, probe_drift
     from lit_ascent.metrics import repeated_actions
 
     snap = SnapshotTeacher(policy)

@@ -12,9 +12,7 @@ and read back from there when ``runs/`` is gone; unfinished runs are left out, n
 """
 from __future__ import annotations
 
-import gzip
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from lit_ascent.options import parse_options
 from lit_ascent.records import read_jsonl
 from lit_ascent.results.paired import mean_std, method_order, paired_markdown, paired_rows
 from lit_ascent.results.report import parse_pair
+from lit_ascent.results.run_archive import archive_file
 
 FILES = ("cycles", "tasks")
 COLUMNS = {  # key in a cycle row -> (header, scale; 100: shown in percent)
@@ -59,10 +58,7 @@ def load_cycle_runs(root: Path, archive: Path) -> tuple[CycleRuns, list[str]]:
             unfinished.append(f"{method}/{seed}")
             continue
         for name in FILES:
-            target = archive / method / f"{seed}.{name}.jsonl.gz"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(run / f"{name}.jsonl", "rb") as src, gzip.GzipFile(target, "wb", mtime=0) as dst:
-                shutil.copyfileobj(src, dst)
+            archive_file(run / f"{name}.jsonl", archive / method / f"{seed}.{name}.jsonl.gz")
     for first in sorted(archive.glob(f"*/*.{FILES[0]}.jsonl.gz")) if archive.is_dir() else []:
         seed = first.name.removesuffix(f".{FILES[0]}.jsonl.gz")
         runs.setdefault(first.parent.name, {})[seed] = {

@@ -12,6 +12,8 @@ from lit_ascent.memory import MORE, REJECTED, SOLVED_BY
 from lit_ascent.results.paired import Records, Runs, format_number
 
 TOKENS, SHOWN, CUT, SIZE = "memory/tokens", "memory/shown", "memory/cut", "memory/size"
+REJECTED_LESSON = re.compile(rf"^- '(.+)' {re.escape(REJECTED)} ")
+"""A playbook line quoting a rejected action (``memory.rule_lessons``)."""
 
 
 def has_memory(records: Records) -> bool:
@@ -34,8 +36,7 @@ def quoted_actions(text: str | None) -> set[str]:
 
 def rejected_actions(text: str | None) -> set[str]:
     """The actions a playbook block says were rejected: its ``- '<action>' was rejected: <reply>`` lessons."""
-    pattern = re.compile(rf"^- '(.+)' {re.escape(REJECTED)} ")
-    return {m.group(1) for line in (text or "").splitlines() if (m := pattern.match(line))}
+    return {m.group(1) for line in (text or "").splitlines() if (m := REJECTED_LESSON.match(line))}
 
 
 def _share_in(records: Records, actions_of) -> float | None:

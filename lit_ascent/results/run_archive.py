@@ -45,11 +45,15 @@ def archive_finished(root: Path, archive: Path) -> list[Path]:
             log = run_dir / name
             if not log.is_file():
                 continue
-            dest = archived_path(archive, run_dir.parent.name, run_dir.name, suffix)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(gzip.compress(log.read_bytes(), mtime=0))  # mtime 0: the same log, the same bytes
-            written.append(dest)
+            written.append(archive_file(log, archived_path(archive, run_dir.parent.name, run_dir.name, suffix)))
     return written
+
+
+def archive_file(log: Path, dest: Path) -> Path:
+    """``log`` gzipped into ``dest`` (mtime 0: the same log gives the same bytes, so a rerun commits nothing)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(gzip.compress(log.read_bytes(), mtime=0))
+    return dest
 
 
 def load_archive(archive: Path, suffix: str = SUFFIX) -> Runs:
