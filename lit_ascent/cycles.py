@@ -153,7 +153,7 @@ def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], u
     history = []
     params = policy.trainable_parameters()
     policy.model.train()
-    for _ in range(updates):
+    for i in range(updates):
         t0 = time.perf_counter()
         batch = rng.sample(data, min(batch_size, len(data)))
         episodes, texts = [e for e, _ in batch], [z for _, z in batch]
@@ -168,6 +168,8 @@ def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], u
             log.warning("update skipped: non-finite loss or gradient")
             continue
         history.append({**out.metrics, "perf/update_s": time.perf_counter() - t0})
+        log.info("distil: %d/%d updates, loss %.4f, %.0f s", i + 1, updates, out.loss.item(),
+                 history[-1]["perf/update_s"])
     return history
 
 
