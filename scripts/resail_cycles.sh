@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The ReSAIL cycles matrix on the TextCraft reference base (issue 36; docs/results/resail_cycles/PLAN.md).
+# The ReSAIL cycles matrix on the TextCraft reference base, CPU schedule (issue 36; configs/resail/reference/cpu.yaml;
+# docs/results/resail_cycles/PLAN.md).
 # Each argument is one run, METHOD:SEED (methods: sdpo sdpo_resail oel oel_resail), played in turn; two
 # workers, one per core, take the two cores:
 #   scripts/resail_cycles.sh sdpo:0 sdpo:1 & scripts/resail_cycles.sh sdpo_resail:0 sdpo_resail:1 &
@@ -19,6 +20,7 @@ for run in "$@"; do
   mkdir -p "$out"
   echo "$(date -u +%FT%TZ) $method seed $seed -> $out" | tee -a "$out/cycles.log"
   "$python" -m lit_ascent.cycles --config configs/resail/sdpo.yaml --config configs/resail/reference/textcraft.yaml \
+    --config configs/resail/reference/cpu.yaml \
     "${overlay[@]}" --seed "$seed" --task_seed "$seed" --cycles.seed "$seed" --log_dir "$out" --resume true \
     >> "$out/cycles.log" 2>&1
 done

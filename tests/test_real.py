@@ -192,8 +192,9 @@ def test_committed_textcraft_episode_reproduces_in_float32():
 
 
 def test_resail_cycles_on_the_textcraft_reference_base(tmp_path):
-    """`scripts/resail_cycles.sh`'s configs on the real model and TextCraft, cut to 3 tasks and 1 cycle: the
-    reference base verifies a task, SGS distils it, the collapse diagnostics see the moved action tokens."""
+    """`scripts/resail_cycles.sh`'s configs (float32, without its CPU schedule) on the real model and TextCraft,
+    cut to 3 tasks and 1 cycle: the reference base verifies a task, SGS distils it (gradient checkpointing on),
+    the collapse diagnostics see the moved action tokens."""
     from lit_ascent.cycles import main
 
     rows = main(["--config", "configs/resail/sdpo.yaml", "--config", "configs/resail/reference/textcraft.yaml",
