@@ -22,5 +22,9 @@ for run in "$@"; do
   "$python" -m lit_ascent.cycles --config configs/resail/sdpo.yaml --config configs/resail/reference/textcraft.yaml \
     --config configs/resail/reference/cpu.yaml \
     "${overlay[@]}" --seed "$seed" --task_seed "$seed" --cycles.seed "$seed" --log_dir "$out" --resume true \
-    >> "$out/cycles.log" 2>&1
+    >> "$out/cycles.log" 2>&1 || {
+    rc=$?; failed=1
+    echo "$(date -u +%FT%TZ) $method seed $seed: exited with $rc (137: killed, e.g. out of memory, see dmesg);" \
+      "rerun to resume after its last finished cycle" | tee -a "$out/cycles.log"; }
 done
+exit "${failed:-0}"
