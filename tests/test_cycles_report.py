@@ -63,3 +63,31 @@ def test_a_bad_pair_or_no_run_is_named(tmp_path):
     write_run(tmp_path / "runs", "sdpo", "seed0", ["1"], ["1"])
     with pytest.raises(ValueError, match="oel"):
         cycles_report.write_cycles_report(tmp_path / "runs", tmp_path / "out", ["sdpo:oel"])
+
+
+def test_unfinished_runs_are_included_on_request_and_archived_apart(tmp_path):
+    root, out = tmp_path / "runs", tmp_path / "report"
+    write_run(root, "sdpo", "seed0", ["1100", "1000", "0000"], ["11", "10", "10"], finished=False)
+    write_run(root, "sdpo_resail", "seed0", ["1100"], ["11"], finished=False)
+    write_run(root, "sdpo_resail", "seed1", [], [], finished=False)  # no cycle finished yet
+    files = cycles_report.write_cycles_report(root, out, ["sdpo_resail:sdpo"], include_unfinished=True)
+    text = files["table"].read_text()
+    assert "Unfinished, rows of cycles 0-2 included: `sdpo/seed0`." in text
+    assert "Unfinished, rows of cycles 0-0 included: `sdpo_resail/seed0`." in text
+    assert "Unfinished, left out: `sdpo_resail/seed1`." in text
+    assert "| sdpo after 2 | seed0 | 0 | 0 | 2 | 2 | 0.5 |" in text and "sdpo_resail after" not in text
+    assert "| sdpo_resail | cycle 0, seed0 | 2 | 0 | 0 | 2 | 1 |" in text and "cycle 1, seed0" not in text
+    assert sorted(p.name for p in (out / "unfinished" / "sdpo").iterdir()) == ["seed0.cycles.jsonl.gz",
+                                                                              "seed0.tasks.jsonl.gz"]
+    assert not (out / "runs").exists()  # nothing in the finished archive
+
+    shutil.rmtree(root)  # runs/ gone: the unfinished archive gives the same report, read only on request
+    again = cycles_report.write_cycles_report(root, out, ["sdpo_resail:sdpo"], include_unfinished=True)
+    assert again["table"].read_text() == text.replace("\nUnfinished, left out: `sdpo_resail/seed1`.", "")
+    with pytest.raises(FileNotFoundError, match="no finished"):
+        cycles_report.write_cycles_report(root, out)
+
+    write_run(root, "sdpo", "seed0", ["1100", "1000", "0000", "0000"], ["11", "10", "10", "00"])  # finished
+    cycles_report.write_cycles_report(root, out, include_unfinished=True)
+    assert not list((out / "unfinished" / "sdpo").iterdir())  # the finished archive replaces it
+    assert (out / "runs" / "sdpo" / "seed0.cycles.jsonl.gz").is_file()

@@ -8,7 +8,9 @@ task by task on the same deployment set (McNemar, Newcombe's interval); plots pe
 
 Runs: ``<root>/<method>/<seed>/`` holding ``cycles.jsonl`` and ``tasks.jsonl`` (``lit_ascent.cycle_log``). A
 finished run (its final ``adapter/`` written) is archived into ``<out>/runs/<method>/<seed>.{cycles,tasks}.jsonl.gz``
-and read back from there when ``runs/`` is gone; unfinished runs are left out, named.
+and read back from there when ``runs/`` is gone; unfinished runs are left out, named. With
+``--include-unfinished``, an unfinished run's finished cycles are reported too, named as such, and archived apart
+(``<out>/unfinished/``, dropped when the run finishes), so a stopped sitting's cycles outlive ``runs/``.
 """
 from __future__ import annotations
 
@@ -47,23 +49,34 @@ def cycle_value(row: dict, key: str) -> float | None:
     return sgs_kept(row) if key == "sgs_kept" else row.get(key)
 
 
-def load_cycle_runs(root: Path, archive: Path) -> tuple[CycleRuns, list[str]]:
+def load_cycle_runs(root: Path, archive: Path, partial: Path | None = None) -> tuple[CycleRuns, list[str]]:
     """Finished runs under ``root`` (archived into ``archive`` first) and those only in ``archive``; the names
-    of unfinished runs left out."""
+    (``method/seed``) of unfinished runs. With ``partial``, unfinished runs are archived there and read too
+    (a finished run's copy there is dropped); without it they are left out."""
     runs: CycleRuns = {}
-    unfinished = []
+    unfinished = set()
     for cycles in sorted(root.glob("*/*/cycles.jsonl")) if root.is_dir() else []:
         run, method, seed = cycles.parent, cycles.parent.parent.name, cycles.parent.name
-        if not (run / "adapter").is_dir():
-            unfinished.append(f"{method}/{seed}")
-            continue
-        for name in FILES:
-            archive_file(run / f"{name}.jsonl", archive / method / f"{seed}.{name}.jsonl.gz")
-    for first in sorted(archive.glob(f"*/*.{FILES[0]}.jsonl.gz")) if archive.is_dir() else []:
-        seed = first.name.removesuffix(f".{FILES[0]}.jsonl.gz")
-        runs.setdefault(first.parent.name, {})[seed] = {
-            name: read_jsonl(first.parent / f"{seed}.{name}.jsonl.gz") for name in FILES}
-    return runs, unfinished
+        finished = (run / "adapter").is_dir()
+        if not finished:
+            unfinished.add(f"{method}/{seed}")
+        if finished or (partial is not None and cycles.stat().st_size):
+            store = archive if finished else partial
+            for name in FILES:
+                archive_file(run / f"{name}.jsonl", store / method / f"{seed}.{name}.jsonl.gz")
+        if finished and partial is not None:
+            for stale in (partial / method).glob(f"{seed}.*.jsonl.gz"):
+                stale.unlink()
+    for store in (archive, partial) if partial is not None else (archive,):
+        for first in sorted(store.glob(f"*/*.{FILES[0]}.jsonl.gz")) if store.is_dir() else []:
+            method, seed = first.parent.name, first.name.removesuffix(f".{FILES[0]}.jsonl.gz")
+            if seed in runs.get(method, {}):
+                continue  # finished (the archive) wins over a stale unfinished copy
+            if store is partial:
+                unfinished.add(f"{method}/{seed}")
+            runs.setdefault(method, {})[seed] = {name: read_jsonl(first.parent / f"{seed}.{name}.jsonl.gz")
+                                                 for name in FILES}
+    return runs, sorted(unfinished)
 
 
 def cycle_table(runs: CycleRuns) -> list[dict]:
@@ -103,8 +116,9 @@ def cycle_pair_rows(runs: CycleRuns, method: str, reference: str, kind: str = "d
     probe), per seed and pooled, each row with its ``cycle``."""
     rows = []
     cycles = sorted({t["cycle"] for run in runs[method].values() for t in run["tasks"]})
-    for c in cycles:
-        both = {m: {seed: tasks_of(run, c, kind) for seed, run in runs[m].items()} for m in (method, reference)}
+    for c in cycles:  # seeds that reached cycle c in both methods
+        both = {m: {seed: tasks for seed, run in runs[m].items() if (tasks := tasks_of(run, c, kind))}
+                for m in (method, reference)}
         rows += [{**r, "seed": f"cycle {c}, {r['seed']}"} for r in paired_rows(both, reference)]
     return rows
 
@@ -115,6 +129,8 @@ def cycle_change_rows(runs: CycleRuns, kind: str = "deployed") -> list[dict]:
     rows = []
     for method, seeds in runs.items():
         last = min(max(r["cycle"] for r in run["cycles"]) for run in seeds.values())
+        if last == 0:
+            continue  # an unfinished run's first cycle only: nothing to compare yet
         ends = {f"{method} after {last}": {s: tasks_of(run, last, kind) for s, run in seeds.items()},
                 f"{method} at 0": {s: tasks_of(run, 0, kind) for s, run in seeds.items()}}
         rows += paired_rows(ends, f"{method} at 0")
@@ -143,9 +159,10 @@ def plot_cycles(rows: list[dict], key: str, path: Path) -> Path:
     return path
 
 
-def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None) -> dict[str, Path]:
+def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None,
+                        include_unfinished: bool = False) -> dict[str, Path]:
     archive = out / "runs"
-    runs, unfinished = load_cycle_runs(root, archive)
+    runs, unfinished = load_cycle_runs(root, archive, out / "unfinished" if include_unfinished else None)
     if not runs:
         raise FileNotFoundError(f"no finished <method>/<seed>/cycles.jsonl under {root} and none archived in {archive}")
     runs = {m: runs[m] for m in method_order(runs, "")}
@@ -153,7 +170,11 @@ def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None) -
     text = (f"Cycles runs under `{root}` and archived in `{archive}`; row c: the model after c cycles of "
             "distillation, mean ± sample std over seeds. SGS kept: selected / distilled steps per update. Action KL: "
             "KL(model || initial) on the action tokens of cycle 0's first deployed episodes.\n\n" + cycle_markdown(rows))
-    text += "".join(f"\nUnfinished, left out: `{run}`." for run in unfinished)
+    for name in unfinished:
+        method, seed = name.split("/")
+        done = [r["cycle"] for r in runs.get(method, {}).get(seed, {}).get("cycles", [])]
+        text += (f"\nUnfinished, rows of cycles {done[0]}-{done[-1]} included: `{name}`." if done else
+                 f"\nUnfinished, left out: `{name}`.")
     for kind, what in (("deployed", "deployed (plain)"), ("probe", "PI-conditioned")):
         text += (f"\n\nEach method's last cycle against its cycle 0, {what} success, task by task (the cycles' "
                  "effect; 'only method': solved after the cycles only):\n\n"
@@ -182,12 +203,14 @@ class CyclesReportOptions:
     """Output folder (e.g. docs/results/resail_cycles)."""
     pairs: list[str] = field(default_factory=list)
     """METHOD:REFERENCE comparisons per cycle, task by task (e.g. sdpo_resail:sdpo)."""
+    include_unfinished: bool = False
+    """Also report the finished cycles of unfinished runs, named (archived apart, in <out>/unfinished/)."""
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     args = parse_options(CyclesReportOptions, argv, prog="python -m lit_ascent.results.cycles_report",
                          description=__doc__)
-    files = write_cycles_report(args.root, args.out, args.pairs)
+    files = write_cycles_report(args.root, args.out, args.pairs, args.include_unfinished)
     print(files["table"].read_text())
     return files
 
