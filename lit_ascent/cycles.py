@@ -41,7 +41,7 @@ from lit_ascent.envs.base import TextEnv
 from lit_ascent.envs.guarded import check_reply
 from lit_ascent.evaluate import evaluate
 from lit_ascent.models import ModelConfig, Policy, load_adapter_state, load_policy
-from lit_ascent.objectives.resail import ReSAIL
+from lit_ascent.objectives.resail import ReSAIL, StepTargets
 from lit_ascent.optim import OptimConfig, guarded_step
 from lit_ascent.privileged import lesson_block, lesson_request
 from lit_ascent.records import outcome_rates
@@ -149,15 +149,20 @@ def privileged_texts(policy: Policy, objective: ReSAIL, episodes: list[Episode],
 def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], updates: int, batch_size: int,
            opt: torch.optim.Optimizer, grad_clip: float, rng: random.Random) -> list[dict]:
     """``updates`` optimiser steps, each on a fresh random batch; the metrics of each step taken
-    (one with no target, a non-finite loss or a non-finite gradient is skipped, see ``guarded_step``)."""
+    (one with no target, a non-finite loss or a non-finite gradient is skipped, see ``guarded_step``).
+    The teacher is frozen for the cycle, so each episode's teacher side is computed once, when first drawn."""
     history = []
     params = policy.trainable_parameters()
     policy.model.train()
+    teacher_side: dict[int, StepTargets | None] = {}
     for i in range(updates):
         t0 = time.perf_counter()
-        batch = rng.sample(data, min(batch_size, len(data)))
-        episodes, texts = [e for e, _ in batch], [z for _, z in batch]
-        prepared = objective.prepare_batch(policy, episodes, texts)  # teacher side, every update
+        batch = rng.sample(range(len(data)), min(batch_size, len(data)))  # the draws of rng.sample(data, ...)
+        for j in batch:
+            if j not in teacher_side:
+                teacher_side[j] = objective.prepare_episode(policy, *data[j])
+        episodes = [data[j][0] for j in batch]
+        prepared = objective.select([teacher_side[j] for j in batch])
         out = objective.loss_batch(policy, episodes, prepared)
         if out is None:
             log.warning("update skipped: no target")

@@ -46,6 +46,41 @@ def test_teacher_outputs_do_not_move_while_the_student_trains(policy):
     assert all(".default." in n for n, p in snap.model.named_parameters() if p.requires_grad)
 
 
+def test_teacher_side_is_computed_once_per_episode_and_the_steps_are_unchanged(policy, monkeypatch):
+    """distil prepares each drawn episode once per cycle; the adapter ends where preparing every batch anew
+    (``prepare_batch`` at each update, the same random batches) takes it."""
+    eps = [make_episode(policy.tokenizer, k, 2 + k % 2) for k in range(4)]
+    objective, data = ReSAIL(selection_ratio=0.5, trajectory_balance=True, retention_weight=0.5), [(e, PI) for e in eps]
+    start = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+    snap = SnapshotTeacher(policy)
+    opt = torch.optim.AdamW(snap.trainable_parameters(), lr=1e-2)
+    rng = random.Random(3)
+    for _ in range(4):  # the reference: every update prepares its batch from scratch
+        batch = rng.sample(data, 3)
+        episodes = [e for e, _ in batch]
+        out = objective.loss_batch(snap, episodes, objective.prepare_batch(snap, episodes, [z for _, z in batch]))
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    want = {n: p.detach().clone() for n, p in snap.model.named_parameters() if p.requires_grad}
+
+    with torch.no_grad():  # back to the start, teacher included
+        for n, p in snap.model.named_parameters():
+            if n in start:
+                p.copy_(start[n])
+    snap.snapshot()
+    prepared_calls = []
+    real = ReSAIL.prepare_episode
+    monkeypatch.setattr(ReSAIL, "prepare_episode", lambda self, *a: prepared_calls.append(a[1]) or real(self, *a))
+    history = distil(snap, objective, data, updates=4, batch_size=3, opt=torch.optim.AdamW(
+        snap.trainable_parameters(), lr=1e-2), grad_clip=1e9, rng=random.Random(3))
+    assert len(history) == 4 and len(prepared_calls) == len({id(e) for e in prepared_calls}) <= 4
+    for n, p in snap.model.named_parameters():
+        if p.requires_grad:
+            assert_close(p, want[n], rtol=0, atol=0)
+
+
 def test_lesson_is_greedy_and_marked(policy):
     snap = SnapshotTeacher(policy)
     ep = make_episode(policy.tokenizer, 1, 2)

@@ -12,9 +12,10 @@ METHOD.md section 3. For a batch U of verified episodes (one episode online):
 
 L = L_sel + lambda * L_ret. Scores and the selection come from ``prepare_batch``
 (teacher only, no gradient) and are held fixed while ``loss_batch`` backpropagates.
-The cycles driver calls ``prepare_batch`` at every update (a new batch each time);
-the online stream prepares once per task, which is the same thing there because
-the teacher is frozen and U is the one episode.
+``prepare_batch`` = ``prepare_episode`` per episode, then ``select`` over the batch. The
+cycles driver prepares each episode once per cycle (its teacher is frozen for the
+cycle) and selects over every new batch; the online stream prepares once per task,
+which is the same thing there because the teacher is frozen and U is the one episode.
 
 Cost: SGS skips the student forward/backward of every episode without a selected
 step and cuts the others at their last selected token; PR adds one student
@@ -110,7 +111,10 @@ class ReSAIL(Distillation):
         texts = pi_texts if pi_texts is not None else [self.privileged_text(e) for e in episodes]
         if len(texts) != len(episodes):
             raise ValueError(f"got {len(texts)} PI texts for {len(episodes)} episodes")
-        prepared = [self.prepare_episode(policy, e, z) for e, z in zip(episodes, texts)]
+        return self.select([self.prepare_episode(policy, e, z) for e, z in zip(episodes, texts)])
+
+    def select(self, prepared: list[StepTargets | None]) -> list[StepTargets | None]:
+        """SGS over the batch: sets each target's ``selected`` to its share of the batch's top steps."""
         kept = [p for p in prepared if p is not None]
         if kept:
             selected = select_top_steps(torch.cat([p.scores for p in kept]), self.selection_ratio)
