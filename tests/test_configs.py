@@ -202,6 +202,19 @@ def test_the_reference_base_overlay_goes_with_every_cycles_method(overlay):
         {k: v for k, v in alone.items() if k not in named and not k.startswith("env.")}
 
 
+@pytest.mark.parametrize("overlay", [None, *(p for p in CYCLES_OVERLAYS if not p.stem.startswith("debug"))],
+                         ids=lambda p: p.stem if p else "sdpo")
+def test_the_cpu_schedule_changes_only_the_update_budget(overlay):
+    """scripts/resail_cycles.sh's CPU schedule: 10 updates x lr 3e-4 per cycle (the lr x updates of 30 x 1e-4)."""
+    method, reference = [overlay] if overlay else [], CONFIGS / "resail/reference/textcraft.yaml"
+    paper = parse_cycles(CYCLES_BASES[0], reference, *method)
+    cpu = parse_cycles(CYCLES_BASES[0], reference, CONFIGS / "resail/reference/cpu.yaml", *method)
+    assert {k for k in cpu if cpu[k] != paper[k]} == {"optim.lr", "cycles.updates_per_cycle"}
+    assert cpu["optim.lr"] * cpu["cycles.updates_per_cycle"] == pytest.approx(
+        paper["optim.lr"] * paper["cycles.updates_per_cycle"])
+    assert paper["llm.gradient_checkpointing"] is True  # batches of 8 long episodes: > 24 GB without it
+
+
 TINY_RUN = ("--data.env.init_args.num_tasks", "2", "--data.shuffle", "false",
             "--model.rollout.max_turns", "1", "--model.rollout.max_new_tokens", "4",
             "--trainer.enable_progress_bar", "false", "--report.verbose", "false",
