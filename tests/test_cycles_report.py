@@ -75,6 +75,7 @@ def test_unfinished_runs_are_included_on_request_and_archived_apart(tmp_path):
     assert "Unfinished, rows of cycles 0-2 included: `sdpo/seed0`." in text
     assert "Unfinished, rows of cycles 0-0 included: `sdpo_resail/seed0`." in text
     assert "Unfinished, left out: `sdpo_resail/seed1`." in text
+    assert "No run has a row after cycle 0 yet." not in text  # sdpo has cycles 1-2
     assert "| sdpo after 2 | seed0 | 0 | 0 | 2 | 2 | 0.5 |" in text and "sdpo_resail after" not in text
     assert "| sdpo_resail | cycle 0, seed0 | 2 | 0 | 0 | 2 | 1 |" in text and "cycle 1, seed0" not in text
     assert sorted(p.name for p in (out / "unfinished" / "sdpo").iterdir()) == ["seed0.cycles.jsonl.gz",
@@ -86,6 +87,10 @@ def test_unfinished_runs_are_included_on_request_and_archived_apart(tmp_path):
     assert again["table"].read_text() == text.replace("\nUnfinished, left out: `sdpo_resail/seed1`.", "")
     with pytest.raises(FileNotFoundError, match="no finished"):
         cycles_report.write_cycles_report(root, out)
+
+    write_run(tmp_path / "first", "sdpo", "seed0", ["1100"], ["11"], finished=False)  # one cycle: nothing to compare
+    first = cycles_report.write_cycles_report(tmp_path / "first", tmp_path / "first_report", include_unfinished=True)
+    assert first["table"].read_text().count("No run has a row after cycle 0 yet.") == 2  # deployed and probe
 
     write_run(root, "sdpo", "seed0", ["1100", "1000", "0000", "0000"], ["11", "10", "10", "00"])  # finished
     cycles_report.write_cycles_report(root, out, include_unfinished=True)

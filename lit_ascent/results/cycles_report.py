@@ -176,9 +176,10 @@ def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None,
         text += (f"\nUnfinished, rows of cycles {done[0]}-{done[-1]} included: `{name}`." if done else
                  f"\nUnfinished, left out: `{name}`.")
     for kind, what in (("deployed", "deployed (plain)"), ("probe", "PI-conditioned")):
+        change = cycle_change_rows(runs, kind)
         text += (f"\n\nEach method's last cycle against its cycle 0, {what} success, task by task (the cycles' "
                  "effect; 'only method': solved after the cycles only):\n\n"
-                 + paired_markdown(cycle_change_rows(runs, kind), "cycle 0"))
+                 + (paired_markdown(change, "cycle 0") if change else "No run has a row after cycle 0 yet.\n"))
     for method, reference in (parse_pair(p, runs) for p in pairs or ()):
         for kind, what in (("deployed", "deployed (plain)"), ("probe", "PI-conditioned")):
             text += (f"\n\n`{method}` vs `{reference}`, {what} success, task by task on the same tasks; McNemar exact "
