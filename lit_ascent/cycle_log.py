@@ -55,6 +55,10 @@ class CycleLog:
         with open(self.tasks_path, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in tasks)
 
+    def task_rows_of(self, source: int, cycle: int) -> list[dict]:
+        """The task rows written for cycle ``source``, relabelled as cycle ``cycle`` (a carried row's)."""
+        return [{**r, "cycle": cycle} for r in read_jsonl(self.tasks_path) if r["cycle"] == source]
+
     def close(self) -> None:
         self.writer.close()
 

@@ -7,7 +7,9 @@ Each cycle c:
   4. distil: ``updates_per_cycle`` updates, each on a random batch of this cycle's
      verified episodes (ReSAIL's SGS selection is recomputed per batch).
 After the last cycle the model is deployed and probed once more, so the log has
-``cycles + 1`` rows: row c is the model after c cycles of distillation. Each row also holds
+``cycles + 1`` rows: row c is the model after c cycles of distillation. A deployment that verifies
+nothing is a fixed point (no data, no update, greedy replay): later rows are carried from it, marked
+``carried_from``, instead of being played again. Each row also holds
 the deployment's collapse diagnostics (``lit_ascent.collapse``): first-token entropy and drift
 from the initial model, repeated actions, and the drift from the initial model on the action
 tokens of a fixed probe set (cycle 0's first deployed episodes). Per-task outcomes, the files
@@ -216,31 +218,36 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
         log.info("resuming after cycle %d from %s", records[-1]["cycle"], log_dir)
     logger = CycleLog(log_dir, finished=records[-1]["cycle"] if records else -1)
     for c in range(len(records), cycles.cycles + 1):
-        policy.snapshot()  # this cycle's teacher: the model at the start of the cycle
-        t0 = time.perf_counter()
-        deployed = evaluate(policy, env, tasks, rollout_cfg, batch_size=cycles.eval_batch_size)
-        verified = [e for e in deployed if e.verified]
-        fill_probe = not probe and cycles.probe_size > 0
-        texts = privileged_texts(policy, objective, verified, cycles) if c < cycles.cycles or fill_probe else []
-        if fill_probe:  # fixed once found (first verified tasks, their PI), so cycles stay comparable
-            probe = [(e.task, z) for e, z in zip(verified, texts)][: cycles.probe_size]
-        probed = probe_episodes(policy, env, probe, rollout_cfg, cycles.eval_batch_size)
-        record = deployment_record(c, deployed, probe, probed)
-        record["perf/collect_s"] = time.perf_counter() - t0
-        if not drift_probes:  # fixed at the first deployment: drift is always from the same tokens
-            drift_probes = first_probes(policy.tokenizer, deployed, cycles.drift_probes)
-        record.update(deployment_diagnostics(policy, deployed, drift_probes, policy.initial))
-        if c < cycles.cycles and verified:
-            t1 = time.perf_counter()
-            history = distil(policy, objective, list(zip(verified, texts)), cycles.updates_per_cycle,
-                             cycles.batch_size, opt, optim.grad_clip, random.Random(cycles.seed + c))
-            for h in history:
-                logger.scalars(h, step)
-                step += 1
-            record.update(updates=len(history), **mean_metrics(history))
-            record["perf/distil_s"] = time.perf_counter() - t1
+        source = fixed_point(records)
+        if source is not None:  # nothing to play: the weights are those of cycle `source`
+            record, rows = carried_record(c, records[-1]), logger.task_rows_of(source, cycle=c)
+        else:
+            policy.snapshot()  # this cycle's teacher: the model at the start of the cycle
+            t0 = time.perf_counter()
+            deployed = evaluate(policy, env, tasks, rollout_cfg, batch_size=cycles.eval_batch_size)
+            verified = [e for e in deployed if e.verified]
+            fill_probe = not probe and cycles.probe_size > 0
+            texts = privileged_texts(policy, objective, verified, cycles) if c < cycles.cycles or fill_probe else []
+            if fill_probe:  # fixed once found (first verified tasks, their PI), so cycles stay comparable
+                probe = [(e.task, z) for e, z in zip(verified, texts)][: cycles.probe_size]
+            probed = probe_episodes(policy, env, probe, rollout_cfg, cycles.eval_batch_size)
+            record = deployment_record(c, deployed, probe, probed)
+            record["perf/collect_s"] = time.perf_counter() - t0
+            if not drift_probes:  # fixed at the first deployment: drift is always from the same tokens
+                drift_probes = first_probes(policy.tokenizer, deployed, cycles.drift_probes)
+            record.update(deployment_diagnostics(policy, deployed, drift_probes, policy.initial))
+            if c < cycles.cycles and verified:
+                t1 = time.perf_counter()
+                history = distil(policy, objective, list(zip(verified, texts)), cycles.updates_per_cycle,
+                                 cycles.batch_size, opt, optim.grad_clip, random.Random(cycles.seed + c))
+                for h in history:
+                    logger.scalars(h, step)
+                    step += 1
+                record.update(updates=len(history), **mean_metrics(history))
+                record["perf/distil_s"] = time.perf_counter() - t1
+            rows = task_rows(c, "deployed", deployed) + task_rows(c, "probe", probed)
         log.info("cycle %d: %s", c, json.dumps(record))
-        logger.row(record, task_rows(c, "deployed", deployed) + task_rows(c, "probe", probed))
+        logger.row(record, rows)
         records.append(record)
         save_state(log_dir, {"config": config, "adapter": policy.adapter_state(), "optimizer": opt.state_dict(),
                              "records": records, "step": step, "drift_probes": drift_probes,
@@ -248,6 +255,22 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
     policy.save_adapter(Path(log_dir) / "adapter")
     logger.close()
     return records
+
+
+def fixed_point(records: list[dict]) -> int | None:
+    """The cycle whose deployment the next cycle would replay exactly, or None. A deployment that verifies
+    nothing gives distillation no data, so the weights stay as they were; deployment, probe and diagnostics
+    are greedy on the same tasks, so every later cycle would repeat that cycle's row."""
+    if not records or records[-1]["deployed/verified"] > 0:
+        return None
+    return records[-1].get("carried_from", records[-1]["cycle"])
+
+
+def carried_record(cycle: int, previous: dict) -> dict:
+    """Row ``cycle`` carried from a fixed point's row: its outcomes and diagnostics, marked ``carried_from``,
+    no collection time (nothing was played)."""
+    return {**previous, "cycle": cycle, "carried_from": previous.get("carried_from", previous["cycle"]),
+            "perf/collect_s": 0.0}
 
 
 def mean_metrics(history: list[dict]) -> dict[str, float]:

@@ -7,7 +7,7 @@ import torch
 from test_resail import PI, make_episode
 from torch.testing import assert_close
 
-from lit_ascent.cycles import CyclesConfig, SnapshotTeacher, distil, main, write_lesson
+from lit_ascent.cycles import CyclesConfig, SnapshotTeacher, carried_record, distil, fixed_point, main, write_lesson
 from lit_ascent.objectives import ReSAIL
 from lit_ascent.privileged import LESSON_HEADER
 
@@ -146,6 +146,35 @@ def test_a_run_resumed_after_a_finished_cycle_gives_the_uninterrupted_rows(tmp_p
 
     final = [load_file(tmp_path / run / "adapter" / "adapter_model.safetensors") for run in ("whole", "cut")]
     assert final[0].keys() == final[1].keys() and all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def test_a_deployment_that_verifies_nothing_is_carried_as_the_rows_a_replay_gives(tmp_path, monkeypatch):
+    """No verified episode: no update, so later cycles are not played again; their rows (and task rows) are the
+    ones a replay of every cycle gives, marked ``carried_from``."""
+    import lit_ascent.cycles as cycles
+    from lit_ascent.envs import ScriptedEnv
+
+    monkeypatch.setattr(ScriptedEnv, "verify_at_end", lambda self: False)
+    real, played = cycles.evaluate, []
+    monkeypatch.setattr(cycles, "evaluate", lambda *a, **k: played.append(1) or real(*a, **k))
+    carried = main([*DEBUG, "--log_dir", str(tmp_path / "carried")])
+    assert len(played) == 1 and [r.get("carried_from") for r in carried] == [None, 0, 0]
+    monkeypatch.setattr(cycles, "fixed_point", lambda records: None)  # the reference: play every cycle
+    replayed = main([*DEBUG, "--log_dir", str(tmp_path / "replayed")])
+    assert len(played) == 4 and replayed[0]["deployed/verified"] == 0
+    assert [{k: v for k, v in r.items() if k != "carried_from"} for r in without_timings(carried)] == \
+        without_timings(replayed)
+    tasks = [(tmp_path / run / "tasks.jsonl").read_text() for run in ("carried", "replayed")]
+    assert tasks[0] == tasks[1] and tasks[0].count('"cycle": 2') == 2
+
+
+def test_a_carried_row_points_at_the_played_one():
+    row = {"cycle": 1, "deployed/verified": 0, "perf/collect_s": 9.0}
+    assert fixed_point([row]) == 1 and fixed_point([{**row, "deployed/verified": 1}]) is None
+    assert fixed_point([]) is None
+    again = carried_record(2, row)
+    assert again == {"cycle": 2, "deployed/verified": 0, "perf/collect_s": 0.0, "carried_from": 1}
+    assert carried_record(3, again)["carried_from"] == 1 and fixed_point([row, again]) == 1
 
 
 def test_resume_with_another_setting_fails_naming_it(tmp_path):

@@ -96,3 +96,14 @@ def test_unfinished_runs_are_included_on_request_and_archived_apart(tmp_path):
     cycles_report.write_cycles_report(root, out, include_unfinished=True)
     assert not list((out / "unfinished" / "sdpo").iterdir())  # the finished archive replaces it
     assert (out / "runs" / "sdpo" / "seed0.cycles.jsonl.gz").is_file()
+
+
+def test_a_carried_row_is_counted_in_the_seeds_column(tmp_path):
+    root, out = tmp_path / "runs", tmp_path / "report"
+    write_run(root, "sdpo", "seed0", ["0000", "0000"], ["00", "00"])
+    write_run(root, "sdpo", "seed1", ["1000", "0000"], ["10", "00"])
+    rows = root / "sdpo" / "seed0" / "cycles.jsonl"  # seed0 verified nothing at cycle 0: cycle 1 is carried
+    lines = rows.read_text().splitlines()
+    rows.write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "carried_from": 0}) + "\n")
+    text = cycles_report.write_cycles_report(root, out)["table"].read_text()
+    assert "| sdpo | 0 | 2 | " in text and "| sdpo | 1 | 2 (1 carried) | " in text

@@ -81,12 +81,12 @@ def load_cycle_runs(root: Path, archive: Path, partial: Path | None = None) -> t
 
 def cycle_table(runs: CycleRuns) -> list[dict]:
     """One row per (method, cycle): mean ± std over the seeds of every ``COLUMNS`` value."""
-    rows = []
+    rows = []  # "carried": seeds whose row repeats an earlier cycle's (nothing verified since, ``lit_ascent.cycles``)
     for method, seeds in runs.items():
         cycles = sorted({r["cycle"] for run in seeds.values() for r in run["cycles"]})
         for c in cycles:
             at = [r for run in seeds.values() for r in run["cycles"] if r["cycle"] == c]
-            rows.append({"method": method, "cycle": c, "seeds": len(at),
+            rows.append({"method": method, "cycle": c, "seeds": len(at), "carried": sum("carried_from" in r for r in at),
                          **{key: mean_std([cycle_value(r, key) for r in at]) for key in COLUMNS}})
     return rows
 
@@ -103,7 +103,8 @@ def cycle_markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [format_stat(r[key], scale) for key, (_, scale) in COLUMNS.items()]
-        lines.append(f"| {r['method']} | {r['cycle']} | {r['seeds']} | " + " | ".join(cells) + " |")
+        seeds = f"{r['seeds']} ({r['carried']} carried)" if r.get("carried") else str(r["seeds"])
+        lines.append(f"| {r['method']} | {r['cycle']} | {seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -126,7 +127,7 @@ def cycle_pair_rows(runs: CycleRuns, method: str, reference: str, kind: str = "d
 def cycle_change_rows(runs: CycleRuns, kind: str = "deployed") -> list[dict]:
     """Each method's last cycle paired with its cycle 0 on the same tasks (``paired_rows``; per seed and pooled):
     whether the cycles raised or lowered success (``kind``: deployed | probe)."""
-    rows = []
+    rows = []  # "carried": seeds whose row repeats an earlier cycle's (nothing verified since, ``lit_ascent.cycles``)
     for method, seeds in runs.items():
         last = min(max(r["cycle"] for r in run["cycles"]) for run in seeds.values())
         if last == 0:
