@@ -1,6 +1,7 @@
 """The cycles report against hand-made runs: per-cycle means, the SGS share, per-cycle pairs, the archive."""
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 
@@ -37,7 +38,9 @@ def test_cycle_table_pairs_and_archive_against_hand_counts(tmp_path):
     write_run(root, "sdpo_resail", "seed0", ["1100", "1110"], ["11", "11"], kept=[(1.0, 20.0)])
     write_run(root, "sdpo_resail", "seed1", ["1000", "1100"], ["10", "11"], kept=[(3.0, 20.0)])
     write_run(root, "sdpo_resail", "seed2", ["1000"], ["10"], finished=False)
+    (root / "sdpo" / "seed0" / "cycles.log").write_text("evaluate: 4/4 episodes, 2 verified\n")
     files = cycles_report.write_cycles_report(root, out, ["sdpo_resail:sdpo"])
+    assert gzip.decompress((out / "runs" / "sdpo" / "seed0.cycles.log.gz").read_bytes()).startswith(b"evaluate: 4/4")
     rows = {(r["method"], r["cycle"]): r for r in json.loads(files["numbers"].read_text())}
     assert rows["sdpo", 1]["deployed/success_rate"][:2] == pytest.approx([0.125, 0.125 * 2 ** 0.5])
     assert rows["sdpo_resail", 0]["sgs_kept"][0] == pytest.approx((0.05 + 0.15) / 2)
@@ -70,6 +73,7 @@ def test_unfinished_runs_are_included_on_request_and_archived_apart(tmp_path):
     write_run(root, "sdpo", "seed0", ["1100", "1000", "0000"], ["11", "10", "10"], finished=False)
     write_run(root, "sdpo_resail", "seed0", ["1100"], ["11"], finished=False)
     write_run(root, "sdpo_resail", "seed1", [], [], finished=False)  # no cycle finished yet
+    (root / "sdpo" / "seed0" / "cycles.log").write_text("distil: 1/10 updates\n")
     files = cycles_report.write_cycles_report(root, out, ["sdpo_resail:sdpo"], include_unfinished=True)
     text = files["table"].read_text()
     assert "Unfinished, rows of cycles 0-2 included: `sdpo/seed0`." in text
@@ -78,8 +82,8 @@ def test_unfinished_runs_are_included_on_request_and_archived_apart(tmp_path):
     assert "No run has a row after cycle 0 yet." not in text  # sdpo has cycles 1-2
     assert "| sdpo after 2 | seed0 | 0 | 0 | 2 | 2 | 0.5 |" in text and "sdpo_resail after" not in text
     assert "| sdpo_resail | cycle 0, seed0 | 2 | 0 | 0 | 2 | 1 |" in text and "cycle 1, seed0" not in text
-    assert sorted(p.name for p in (out / "unfinished" / "sdpo").iterdir()) == ["seed0.cycles.jsonl.gz",
-                                                                              "seed0.tasks.jsonl.gz"]
+    assert sorted(p.name for p in (out / "unfinished" / "sdpo").iterdir()) == [
+        "seed0.cycles.jsonl.gz", "seed0.cycles.log.gz", "seed0.tasks.jsonl.gz"]
     assert not (out / "runs").exists()  # nothing in the finished archive
 
     shutil.rmtree(root)  # runs/ gone: the unfinished archive gives the same report, read only on request
@@ -94,7 +98,7 @@ def test_unfinished_runs_are_included_on_request_and_archived_apart(tmp_path):
 
     write_run(root, "sdpo", "seed0", ["1100", "1000", "0000", "0000"], ["11", "10", "10", "00"])  # finished
     cycles_report.write_cycles_report(root, out, include_unfinished=True)
-    assert not list((out / "unfinished" / "sdpo").iterdir())  # the finished archive replaces it
+    assert not list((out / "unfinished" / "sdpo").iterdir())  # the finished archive replaces it, log included
     assert (out / "runs" / "sdpo" / "seed0.cycles.jsonl.gz").is_file()
 
 

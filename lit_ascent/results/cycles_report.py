@@ -7,7 +7,7 @@ task by task on the same deployment set (McNemar, Newcombe's interval); plots pe
         --pairs sdpo_resail:sdpo oel_resail:oel
 
 Runs: ``<root>/<method>/<seed>/`` holding ``cycles.jsonl`` and ``tasks.jsonl`` (``lit_ascent.cycle_log``). A
-finished run (its final ``adapter/`` written) is archived into ``<out>/runs/<method>/<seed>.{cycles,tasks}.jsonl.gz``
+finished run (its final ``adapter/`` written) is archived into ``<out>/runs/<method>/<seed>.{cycles,tasks}.jsonl.gz`` (and its ``cycles.log``, if any)
 and read back from there when ``runs/`` is gone; unfinished runs are left out, named. With
 ``--include-unfinished``, an unfinished run's finished cycles are reported too, named as such, and archived apart
 (``<out>/unfinished/``, dropped when the run finishes), so a stopped sitting's cycles outlive ``runs/``.
@@ -25,6 +25,8 @@ from lit_ascent.results.report import parse_pair
 from lit_ascent.results.run_archive import archive_file
 
 FILES = ("cycles", "tasks")
+LOG = "cycles.log"
+"""The run's log (``scripts/resail_cycles.sh``): its ``evaluate:`` and ``distil:`` lines, archived with the rows."""
 COLUMNS = {  # key in a cycle row -> (header, scale; 100: shown in percent)
     "deployed/success_rate": ("deployed success (%)", 100),
     "probe/pi_success": ("PI-conditioned success (%)", 100),
@@ -64,8 +66,10 @@ def load_cycle_runs(root: Path, archive: Path, partial: Path | None = None) -> t
             store = archive if finished else partial
             for name in FILES:
                 archive_file(run / f"{name}.jsonl", store / method / f"{seed}.{name}.jsonl.gz")
+            if (run / LOG).is_file():  # kept for reading, not read back
+                archive_file(run / LOG, store / method / f"{seed}.{LOG}.gz")
         if finished and partial is not None:
-            for stale in (partial / method).glob(f"{seed}.*.jsonl.gz"):
+            for stale in (partial / method).glob(f"{seed}.*"):
                 stale.unlink()
     for store in (archive, partial) if partial is not None else (archive,):
         for first in sorted(store.glob(f"*/*.{FILES[0]}.jsonl.gz")) if store.is_dir() else []:
