@@ -235,16 +235,18 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
             record["perf/collect_s"] = time.perf_counter() - t0
             if not drift_probes:  # fixed at the first deployment: drift is always from the same tokens
                 drift_probes = first_probes(policy.tokenizer, deployed, cycles.drift_probes)
+            t1 = time.perf_counter()
             record.update(deployment_diagnostics(policy, deployed, drift_probes, policy.initial))
+            record["perf/diagnostics_s"] = time.perf_counter() - t1
             if c < cycles.cycles and verified:
-                t1 = time.perf_counter()
+                t2 = time.perf_counter()
                 history = distil(policy, objective, list(zip(verified, texts)), cycles.updates_per_cycle,
                                  cycles.batch_size, opt, optim.grad_clip, random.Random(cycles.seed + c))
                 for h in history:
                     logger.scalars(h, step)
                     step += 1
                 record.update(updates=len(history), **mean_metrics(history))
-                record["perf/distil_s"] = time.perf_counter() - t1
+                record["perf/distil_s"] = time.perf_counter() - t2
             rows = task_rows(c, "deployed", deployed) + task_rows(c, "probe", probed)
         log.info("cycle %d: %s", c, json.dumps(record))
         logger.row(record, rows)
@@ -268,9 +270,9 @@ def fixed_point(records: list[dict]) -> int | None:
 
 def carried_record(cycle: int, previous: dict) -> dict:
     """Row ``cycle`` carried from a fixed point's row: its outcomes and diagnostics, marked ``carried_from``,
-    no collection time (nothing was played)."""
+    every ``perf/`` time 0 (nothing was played)."""
     return {**previous, "cycle": cycle, "carried_from": previous.get("carried_from", previous["cycle"]),
-            "perf/collect_s": 0.0}
+            **{k: 0.0 for k in previous if k.startswith("perf/")}}
 
 
 def mean_metrics(history: list[dict]) -> dict[str, float]:

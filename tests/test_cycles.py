@@ -169,11 +169,12 @@ def test_a_deployment_that_verifies_nothing_is_carried_as_the_rows_a_replay_give
 
 
 def test_a_carried_row_points_at_the_played_one():
-    row = {"cycle": 1, "deployed/verified": 0, "perf/collect_s": 9.0}
+    row = {"cycle": 1, "deployed/verified": 0, "perf/collect_s": 9.0, "perf/diagnostics_s": 2.0}
     assert fixed_point([row]) == 1 and fixed_point([{**row, "deployed/verified": 1}]) is None
     assert fixed_point([]) is None
     again = carried_record(2, row)
-    assert again == {"cycle": 2, "deployed/verified": 0, "perf/collect_s": 0.0, "carried_from": 1}
+    assert again == {"cycle": 2, "deployed/verified": 0, "perf/collect_s": 0.0, "perf/diagnostics_s": 0.0,
+                     "carried_from": 1}
     assert carried_record(3, again)["carried_from"] == 1 and fixed_point([row, again]) == 1
 
 
@@ -196,6 +197,7 @@ def test_each_cycle_logs_its_task_outcomes_and_collapse_diagnostics(tmp_path):
         assert r["probe/pi_success"] == sum(t["verified"] for t in probed) / 2
         assert r["diagnostics/first_token_entropy"] > 0 and "diagnostics/repeat_action_rate" in r
         assert "diagnostics/action_kl" in r  # the random model's episodes hold no action: no probe, 0
+        assert r["perf/collect_s"] > 0 and r["perf/diagnostics_s"] > 0
     assert abs(rows[0]["diagnostics/drift_kl"]) < 1e-6 < rows[1]["diagnostics/drift_kl"]  # moved in cycle 0
 
 

@@ -111,3 +111,19 @@ def test_a_carried_row_is_counted_in_the_seeds_column(tmp_path):
     rows.write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "carried_from": 0}) + "\n")
     text = cycles_report.write_cycles_report(root, out)["table"].read_text()
     assert "| sdpo | 0 | 2 | " in text and "| sdpo | 1 | 2 (1 carried) | " in text
+
+
+def test_the_cost_table_sums_each_runs_timed_phases_and_marks_lower_bounds(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, "sdpo", "seed0", ["1000", "1000", "0000"], ["10", "10", "00"])
+    path = root / "sdpo" / "seed0" / "cycles.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows[0] |= {"perf/collect_s": 3600.0, "perf/distil_s": 1800.0}  # written before diagnostics were timed
+    rows[1] |= {"perf/collect_s": 1800.0, "perf/diagnostics_s": 360.0}
+    rows[2] |= {"perf/collect_s": 0.0, "perf/diagnostics_s": 0.0, "carried_from": 1}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs, _ = cycles_report.load_cycle_runs(root, tmp_path / "archive")
+    (cost,) = cycles_report.cost_rows(runs)
+    assert cost["untimed"] == ["perf/diagnostics_s"] and cost["rows"] == 3
+    assert (cost["perf/collect_s"], cost["perf/diagnostics_s"], cost["perf/distil_s"]) == pytest.approx((1.5, 0.1, 0.5))
+    assert "| sdpo | seed0 | 3 | 1.50 | ≥ 0.10 | 0.50 | ≥ 2.10 |" in cycles_report.cost_markdown([cost])

@@ -36,6 +36,9 @@ COLUMNS = {  # key in a cycle row -> (header, scale; 100: shown in percent)
     "diagnostics/repeat_action_rate": ("repeated actions (%)", 100),
     "deployed/invalid_rate": ("invalid rate (%)", 100),
 }
+COSTS = {"perf/collect_s": "deployment + probe (h)", "perf/diagnostics_s": "diagnostics (h)",
+         "perf/distil_s": "distillation (h)"}
+"""A cycle row's timings (``lit_ascent.cycles``; carried rows hold 0) -> the cost table's header."""
 PLOTS = {"deployed": "deployed/success_rate", "pi_conditioned": "probe/pi_success", "action_kl": "diagnostics/action_kl",
          "first_token_entropy": "diagnostics/first_token_entropy"}
 CycleRuns = dict[str, dict[str, dict[str, list[dict]]]]  # method -> seed -> {"cycles": rows, "tasks": rows}
@@ -84,8 +87,9 @@ def load_cycle_runs(root: Path, archive: Path, partial: Path | None = None) -> t
 
 
 def cycle_table(runs: CycleRuns) -> list[dict]:
-    """One row per (method, cycle): mean ± std over the seeds of every ``COLUMNS`` value."""
-    rows = []  # "carried": seeds whose row repeats an earlier cycle's (nothing verified since, ``lit_ascent.cycles``)
+    """One row per (method, cycle): mean ± std over the seeds of every ``COLUMNS`` value; ``carried``: how many
+    seeds' rows repeat an earlier cycle's (nothing verified since, ``lit_ascent.cycles.fixed_point``)."""
+    rows = []
     for method, seeds in runs.items():
         cycles = sorted({r["cycle"] for run in seeds.values() for r in run["cycles"]})
         for c in cycles:
@@ -112,6 +116,29 @@ def cycle_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cost_rows(runs: CycleRuns) -> list[dict]:
+    """Per run, the hours of each phase summed over its rows; ``untimed``: the phases that some played row holds
+    no time for (rows written before the phase was timed: the sum is a lower bound)."""
+    rows = []
+    for method, seeds in runs.items():
+        for seed, run in seeds.items():
+            played = [r for r in run["cycles"] if "carried_from" not in r]
+            untimed = {k for k in ("perf/collect_s", "perf/diagnostics_s") if any(k not in r for r in played)}
+            rows.append({"method": method, "seed": seed, "rows": len(run["cycles"]), "untimed": sorted(untimed),
+                         **{k: sum(r.get(k, 0.0) for r in played) / 3600 for k in COSTS}})
+    return rows
+
+
+def cost_markdown(rows: list[dict]) -> str:
+    head = ["method", "seed", "rows", *COSTS.values(), "total (h)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [("≥ " if k in r["untimed"] else "") + f"{r[k]:.2f}" for k in COSTS]
+        total = ("≥ " if r["untimed"] else "") + f"{sum(r[k] for k in COSTS):.2f}"
+        lines.append(f"| {r['method']} | {r['seed']} | {r['rows']} | " + " | ".join(cells) + f" | {total} |")
+    return "\n".join(lines) + "\n"
+
+
 def tasks_of(run: dict[str, list[dict]], cycle: int, kind: str) -> list[dict]:
     return [t for t in run["tasks"] if t["cycle"] == cycle and t["kind"] == kind]
 
@@ -131,7 +158,7 @@ def cycle_pair_rows(runs: CycleRuns, method: str, reference: str, kind: str = "d
 def cycle_change_rows(runs: CycleRuns, kind: str = "deployed") -> list[dict]:
     """Each method's last cycle paired with its cycle 0 on the same tasks (``paired_rows``; per seed and pooled):
     whether the cycles raised or lowered success (``kind``: deployed | probe)."""
-    rows = []  # "carried": seeds whose row repeats an earlier cycle's (nothing verified since, ``lit_ascent.cycles``)
+    rows = []
     for method, seeds in runs.items():
         last = min(max(r["cycle"] for r in run["cycles"]) for run in seeds.values())
         if last == 0:
@@ -190,6 +217,8 @@ def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None,
             text += (f"\n\n`{method}` vs `{reference}`, {what} success, task by task on the same tasks; McNemar exact "
                      f"p, difference with Newcombe's 95% interval:\n\n"
                      + paired_markdown(cycle_pair_rows(runs, method, reference, kind), reference))
+    text += ("\n\nWall hours of each run (one core, beside a second run), from its rows' `perf/` times; carried rows "
+             "cost nothing; ≥: some rows were written before that phase was timed.\n\n" + cost_markdown(cost_rows(runs)))
     out.mkdir(parents=True, exist_ok=True)
     files = {"table": out / "cycles.md", "numbers": out / "cycles.json"}
     files["table"].write_text(text)
