@@ -66,8 +66,9 @@ def test_tensor_bytes_counts_nested_tensors():
     from lit_ascent.objectives.resail import StepTargets
 
     t = StepTargets(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), 1, torch.zeros(5),
-                    0, torch.zeros(3, 2, dtype=torch.bfloat16), torch.zeros(1), torch.ones(1, dtype=torch.bool))
-    assert tensor_bytes(t) == 24 + 24 + 20 + 12 + 4 + 1
+                    0, torch.zeros(3, 2, dtype=torch.bfloat16), torch.zeros(1), torch.ones(1, dtype=torch.bool),
+                    torch.zeros(1, dtype=torch.bool))
+    assert tensor_bytes(t) == 24 + 24 + 20 + 12 + 4 + 1 + 1
     assert tensor_bytes([(torch.zeros(2), None, 3), {"a": torch.zeros(1, dtype=torch.float64)}]) == 16
 
 

@@ -53,6 +53,19 @@ def test_sensitivity_is_token_mean_js_of_the_two_teacher_views(policy):
     close(p.scores, pi_sensitivity(with_pi, without, p.steps, p.num_steps))
 
 
+def test_selection_stats_count_the_invalid_steps_kept(policy):
+    tok = policy.tokenizer
+    texts = [f"Thought: step {t}.\nAction: do {t}\n" for t in range(3)]
+    eps = [hand_episode(tok, texts, valid=[True, False, False], task_id="a"), make_episode(tok, 1, 1)]
+    obj = ReSAIL(selection_ratio=0.5)
+    prep = obj.prepare_batch(policy, eps, ["", PI])  # the no-PI episode's steps score 0: K = 2 of 4 kept
+    assert prep[0].invalid.tolist() == [False, True, True] and prep[1].invalid.tolist() == [False]
+    prep[0].selected, prep[1].selected = torch.tensor([False, True, False]), torch.tensor([True])  # fixed by hand
+    stats = obj.loss_batch(policy, eps, prep).metrics
+    assert stats["resail/invalid_share"] == pytest.approx(2 / 4)
+    assert stats["resail/selected_invalid_share"] == pytest.approx(1 / 2)  # kept: a's step 1 (invalid), b's step 0
+
+
 @pytest.mark.parametrize("rho", [0.05, 0.3, 0.5, 1.0])
 def test_selected_count_is_ceil_rho_steps(policy, rho):
     eps = [make_episode(policy.tokenizer, k, n) for k, n in enumerate([1, 2, 4])]  # |U| = 7 steps

@@ -57,6 +57,8 @@ class StepTargets:
     """(num_steps,) PI sensitivity s_k (zeros when the selection needs no scores)."""
     selected: Tensor
     """(num_steps,) bool, the steps SGS keeps (set by ``prepare_batch`` over the whole batch)."""
+    invalid: Tensor
+    """(num_steps,) bool, the step's action was invalid (the environment did not execute it)."""
 
 
 def privileged_view(tokenizer, episode: Episode, pi_text: str) -> tuple[list[int], int]:
@@ -128,8 +130,10 @@ class ReSAIL(Distillation):
             return None
         dev = policy.device
         turn_of = torch.tensor(episode.turn_ids)[pos + 1]
-        _, steps = torch.unique(turn_of, return_inverse=True)
+        turns, steps = torch.unique(turn_of, return_inverse=True)
         num_steps = int(steps.max()) + 1
+        valid = {t.index: t.valid for t in episode.turns}
+        invalid = torch.tensor([not valid.get(t, True) for t in turns.tolist()], dtype=torch.bool, device=dev)
         t_ids, offset = privileged_view(policy.tokenizer, episode, pi_text)
         t_ids = torch.tensor(t_ids[: end + offset])
         pos, steps = pos.to(dev), steps.to(dev)
@@ -139,7 +143,7 @@ class ReSAIL(Distillation):
             if self.selection_ratio < 1.0:  # rho = 1 keeps every step: no scores needed
                 scores = self.sensitivity(policy, episode.ids()[:end], pos, t_hidden, steps, num_steps)
         return StepTargets(pos, steps, num_steps, t_ids, offset, t_hidden, scores,
-                           torch.ones(num_steps, dtype=torch.bool, device=dev))
+                           torch.ones(num_steps, dtype=torch.bool, device=dev), invalid)
 
     def sensitivity(self, policy, plain_ids: Tensor, pos: Tensor, t_hidden: Tensor,
                     steps: Tensor, num_steps: int) -> Tensor:
@@ -214,13 +218,17 @@ def _token_mean(token_sum, token_count: int, policy) -> Tensor:
 
 
 def selection_stats(prepared: list[StepTargets]) -> dict[str, float]:
-    """How much of the batch SGS kept, and how PI-sensitive the kept steps are."""
+    """How much of the batch SGS kept, how PI-sensitive the kept steps are, and how many of them (and of all
+    steps) were invalid actions: where the teacher's PI disagrees with the agent most."""
     scores = torch.cat([p.scores for p in prepared])
     selected = torch.cat([p.selected for p in prepared])
+    invalid = torch.cat([p.invalid for p in prepared]).float()
     return {
         "resail/steps": float(len(selected)),
         "resail/selected_steps": float(selected.sum()),
         "resail/selected_trajectories": float(sum(bool(p.selected.any()) for p in prepared)),
         "resail/sensitivity_mean": float(scores.mean()),
         "resail/sensitivity_selected_mean": float(scores[selected].mean()) if selected.any() else 0.0,
+        "resail/invalid_share": float(invalid.mean()),
+        "resail/selected_invalid_share": float(invalid[selected].mean()) if selected.any() else 0.0,
     }

@@ -1,7 +1,8 @@
 """The iterated-cycles report (``lit_ascent.cycles``; issue 36): per method and cycle, mean ± std over seeds of
 deployed (plain) success, PI-conditioned success, the share of steps SGS kept, the drift from the initial model
 on action tokens, first-token entropy, repeated actions and the invalid rate; method-vs-method pairs per cycle,
-task by task on the same deployment set (McNemar, Newcombe's interval); plots per cycle.
+task by task on the same deployment set (McNemar, Newcombe's interval); plots per cycle. "Kept steps invalid":
+the share of distilled steps whose action the environment rejected (rows from before it was logged: -).
 
     python -m lit_ascent.results.cycles_report runs/resail_cycles --out docs/results/resail_cycles \\
         --pairs sdpo_resail:sdpo oel_resail:oel
@@ -15,6 +16,7 @@ and read back from there when ``runs/`` is gone; unfinished runs are left out, n
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,7 @@ COLUMNS = {  # key in a cycle row -> (header, scale; 100: shown in percent)
     "deployed/success_rate": ("deployed success (%)", 100),
     "probe/pi_success": ("PI-conditioned success (%)", 100),
     "sgs_kept": ("steps SGS kept (%)", 100),
+    "resail/selected_invalid_share": ("kept steps invalid (%)", 100),
     "diagnostics/action_kl": ("action KL from the initial model (nats)", 1),
     "diagnostics/first_token_entropy": ("first-token entropy (nats)", 1),
     "diagnostics/repeat_action_rate": ("repeated actions (%)", 100),
@@ -139,6 +142,41 @@ def cost_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_word(action: str | None) -> str:
+    return "(unparsed)" if not action else action.split()[0]
+
+
+def action_word_rows(runs: CycleRuns, words: int = 3) -> tuple[list[str], list[dict]]:
+    """What the deployed agent does, per method and cycle: the share of its actions (all seeds' episodes
+    pooled) by first word (the action's verb: get, craft, ...). The columns: the ``words`` commonest first
+    words of every run's cycle-0 actions, then "other" (any other word, e.g. text copied from an
+    observation) and "(unparsed)"."""
+    def count(rows: list[dict]) -> Counter:
+        return Counter(first_word(a) for t in rows for a in t["actions"])
+
+    start = count([t for seeds in runs.values() for run in seeds.values() for t in tasks_of(run, 0, "deployed")])
+    columns = [w for w, _ in start.most_common() if w != "(unparsed)"][:words]
+    rows = []
+    for method, seeds in runs.items():
+        for c in sorted({t["cycle"] for run in seeds.values() for t in run["tasks"]}):
+            counts = count([t for run in seeds.values() for t in tasks_of(run, c, "deployed")])
+            total = sum(counts.values()) or 1
+            share = {w: counts[w] / total for w in columns}
+            share |= {"other": 1 - sum(share.values()) - counts["(unparsed)"] / total,
+                      "(unparsed)": counts["(unparsed)"] / total}
+            rows.append({"method": method, "cycle": c, "seeds": sum(bool(tasks_of(r, c, "deployed"))
+                                                                    for r in seeds.values()), **share})
+    return [*columns, "other", "(unparsed)"], rows
+
+
+def action_word_markdown(columns: list[str], rows: list[dict]) -> str:
+    lines = ["| method | cycle | seeds | " + " | ".join(f"`{w}` (%)" for w in columns) + " |",
+             "|" + "---|" * (len(columns) + 3)]
+    lines += [f"| {r['method']} | {r['cycle']} | {r['seeds']} | " + " | ".join(f"{100 * r[w]:.1f}" for w in columns)
+              + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def tasks_of(run: dict[str, list[dict]], cycle: int, kind: str) -> list[dict]:
     return [t for t in run["tasks"] if t["cycle"] == cycle and t["kind"] == kind]
 
@@ -157,14 +195,16 @@ def cycle_pair_rows(runs: CycleRuns, method: str, reference: str, kind: str = "d
 
 def cycle_change_rows(runs: CycleRuns, kind: str = "deployed") -> list[dict]:
     """Each method's last cycle paired with its cycle 0 on the same tasks (``paired_rows``; per seed and pooled):
-    whether the cycles raised or lowered success (``kind``: deployed | probe)."""
+    whether the cycles raised or lowered success (``kind``: deployed | probe). The last cycle is the furthest any
+    seed reached; seeds that have not reached it yet (unfinished runs) are left out of that method's rows."""
     rows = []
     for method, seeds in runs.items():
-        last = min(max(r["cycle"] for r in run["cycles"]) for run in seeds.values())
+        last = max(r["cycle"] for run in seeds.values() for r in run["cycles"])
         if last == 0:
             continue  # an unfinished run's first cycle only: nothing to compare yet
-        ends = {f"{method} after {last}": {s: tasks_of(run, last, kind) for s, run in seeds.items()},
-                f"{method} at 0": {s: tasks_of(run, 0, kind) for s, run in seeds.items()}}
+        reached = {s: run for s, run in seeds.items() if any(r["cycle"] == last for r in run["cycles"])}
+        ends = {f"{method} after {last}": {s: tasks_of(run, last, kind) for s, run in reached.items()},
+                f"{method} at 0": {s: tasks_of(run, 0, kind) for s, run in reached.items()}}
         rows += paired_rows(ends, f"{method} at 0")
     return rows
 
@@ -217,6 +257,8 @@ def write_cycles_report(root: Path, out: Path, pairs: list[str] | None = None,
             text += (f"\n\n`{method}` vs `{reference}`, {what} success, task by task on the same tasks; McNemar exact "
                      f"p, difference with Newcombe's 95% interval:\n\n"
                      + paired_markdown(cycle_pair_rows(runs, method, reference, kind), reference))
+    text += ("\n\nDeployed actions by first word (the verb), all seeds' episodes pooled: what the agent does after "
+             "each cycle.\n\n" + action_word_markdown(*action_word_rows(runs)))
     text += ("\n\nWall hours of each run (one core, beside a second run), from its rows' `perf/` times; carried rows "
              "cost nothing; ≥: some rows were written before that phase was timed.\n\n" + cost_markdown(cost_rows(runs)))
     out.mkdir(parents=True, exist_ok=True)
