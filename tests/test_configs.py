@@ -176,7 +176,7 @@ def parse_cycles(*configs: Path) -> dict:
 
 
 def test_cycles_matrix_is_complete():
-    assert {p.stem for p in CYCLES_OVERLAYS} == {"sdpo_resail", "oel", "oel_resail",
+    assert {p.stem for p in CYCLES_OVERLAYS} == {"sdpo_resail", "oel", "oel_resail", "sdpo_valid", "sdpo_resail_valid",
                                                   "debug_sdpo_resail", "debug_oel", "debug_oel_resail"}
 
 

@@ -66,6 +66,25 @@ def test_selection_stats_count_the_invalid_steps_kept(policy):
     assert stats["resail/selected_invalid_share"] == pytest.approx(1 / 2)  # kept: a's step 1 (invalid), b's step 0
 
 
+@pytest.mark.parametrize("rho", [0.25, 1.0])
+def test_valid_steps_only_never_distils_an_invalid_step(policy, rho):
+    tok = policy.tokenizer
+    texts = [f"Thought: step {t}.\nAction: do {t}\n" for t in range(4)]
+    eps = [hand_episode(tok, texts, valid=[False, True, False, True], task_id="a"), make_episode(tok, 1, 2)]
+    obj = ReSAIL(selection_ratio=rho, valid_steps_only=True)
+    prep = obj.prepare_batch(policy, eps, [PI, ""])  # the PI steps (some invalid) outscore the no-PI ones
+    selected = torch.cat([p.selected for p in prep])
+    invalid = torch.cat([p.invalid for p in prep])
+    assert not (selected & invalid).any()
+    assert int(selected.sum()) == math.ceil(rho * 4)  # K over the 4 valid steps of U
+    if rho == 0.25:  # the most PI-sensitive valid step: one of episode a's (with PI), not b's
+        assert prep[0].selected.any() and not prep[1].selected.any()
+    assert obj.loss_batch(policy, eps, prep).metrics["resail/selected_invalid_share"] == 0.0
+    all_invalid = [hand_episode(tok, texts[:2], valid=[False, False])]
+    nothing = ReSAIL(selection_ratio=rho, valid_steps_only=True, retention_weight=0.0)
+    assert nothing.loss_batch(policy, all_invalid, nothing.prepare_batch(policy, all_invalid, [PI])) is None
+
+
 @pytest.mark.parametrize("rho", [0.05, 0.3, 0.5, 1.0])
 def test_selected_count_is_ceil_rho_steps(policy, rho):
     eps = [make_episode(policy.tokenizer, k, n) for k, n in enumerate([1, 2, 4])]  # |U| = 7 steps

@@ -78,7 +78,7 @@ class ReSAIL(Distillation):
     def __init__(self, divergence: str = "forward_kl", beta: float = 0.5,
                  pi_content: str = "reasoning_actions", chunk_size: int = 256,
                  selection_ratio: float = 0.05, trajectory_balance: bool = True,
-                 retention_weight: float = 0.5):
+                 retention_weight: float = 0.5, valid_steps_only: bool = False):
         """
         Args:
             divergence: forward_kl (KL(q||p), default) | reverse_kl | jsd, for the selected steps.
@@ -88,6 +88,9 @@ class ReSAIL(Distillation):
             selection_ratio: rho in (0, 1]: share of the batch's steps SGS keeps (K = ceil(rho |U|)); 1 keeps all.
             trajectory_balance: TLB: mean per trajectory, then / |B|; False: token mean over the batch.
             retention_weight: lambda >= 0 of the privileged-retention KL (0 disables PR).
+            valid_steps_only: distil only steps whose action was valid: SGS ranks those alone (K = ceil(rho
+                |valid steps of U|); rho = 1 keeps every valid step). Not in the papers: on the TextCraft
+                reference SGS kept mostly invalid craft attempts (docs/results/resail_cycles). PR is unchanged.
         """
         super().__init__(divergence, beta, pi_content, chunk_size)
         if not 0.0 < selection_ratio <= 1.0:
@@ -95,7 +98,7 @@ class ReSAIL(Distillation):
         if retention_weight < 0:
             raise ValueError(f"objective.retention_weight must be >= 0, got {retention_weight}")
         self.selection_ratio, self.trajectory_balance = selection_ratio, trajectory_balance
-        self.retention_weight = retention_weight
+        self.retention_weight, self.valid_steps_only = retention_weight, valid_steps_only
 
     # ------------------------------------------------------------------ teacher side (no gradient)
     def prepare(self, policy, episode):
@@ -116,10 +119,16 @@ class ReSAIL(Distillation):
         return self.select([self.prepare_episode(policy, e, z) for e, z in zip(episodes, texts)])
 
     def select(self, prepared: list[StepTargets | None]) -> list[StepTargets | None]:
-        """SGS over the batch: sets each target's ``selected`` to its share of the batch's top steps."""
+        """SGS over the batch: sets each target's ``selected`` to its share of the batch's top steps (among
+        the valid steps only, with ``valid_steps_only``)."""
         kept = [p for p in prepared if p is not None]
         if kept:
-            selected = select_top_steps(torch.cat([p.scores for p in kept]), self.selection_ratio)
+            scores = torch.cat([p.scores for p in kept])
+            eligible = torch.ones_like(scores, dtype=torch.bool)
+            if self.valid_steps_only:
+                eligible = ~torch.cat([p.invalid for p in kept])
+            selected = torch.zeros_like(eligible)
+            selected[eligible] = select_top_steps(scores[eligible], self.selection_ratio)
             for p, mask in zip(kept, selected.split([p.num_steps for p in kept])):
                 p.selected = mask
         return prepared
@@ -160,8 +169,8 @@ class ReSAIL(Distillation):
     def loss_batch(self, policy, episodes: list[Episode], prepared: list[StepTargets | None]) -> LossOutput | None:
         """L = L_sel + lambda * L_ret over the batch; None when no episode has a target."""
         pairs = [(e, p) for e, p in zip(episodes, prepared) if p is not None]
-        if not pairs:
-            return None
+        if not pairs or (self.retention_weight == 0 and not any(p.selected.any() for _, p in pairs)):
+            return None  # nothing to distil (no valid step, with valid_steps_only): the update is skipped, logged
         sel = self.selective_loss(policy, pairs)
         loss, metrics = sel, {"loss/selective": float(sel.detach())}
         if self.retention_weight > 0:
