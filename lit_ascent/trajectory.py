@@ -85,6 +85,11 @@ class Episode:
         return sum(not t.valid for t in self.turns)
 
     @property
+    def invalid_turns(self) -> set[int]:
+        """Indices of the turns whose action the environment did not execute."""
+        return {t.index for t in self.turns if not t.valid}
+
+    @property
     def actions(self) -> list[str | None]:
         return [t.action for t in self.turns]
 

@@ -85,6 +85,23 @@ def test_valid_steps_only_never_distils_an_invalid_step(policy, rho):
     assert nothing.loss_batch(policy, all_invalid, nothing.prepare_batch(policy, all_invalid, [PI])) is None
 
 
+def test_ascent_valid_steps_only_drops_the_invalid_turns_tokens(policy):
+    from lit_ascent.objectives.base import student_targets
+
+    texts = [f"Thought: step {t}.\nAction: do {t}\n" for t in range(3)]
+    ep = hand_episode(policy.tokenizer, texts, valid=[True, False, True])
+    pos, _ = Distillation(valid_steps_only=True).targets(ep)
+    every, _, _ = student_targets(ep)
+    lo, hi = ep.turns[1].span  # turn 1's assistant tokens: predicted from positions lo - 1 .. hi - 2
+    assert sorted(pos.tolist()) == [i for i in every.tolist() if not lo <= i + 1 < hi]
+    assert 0 < len(pos) < len(every)
+    obj = Distillation(valid_steps_only=True)
+    assert torch.isfinite(obj.loss(policy, ep, obj.prepare(policy, ep)).loss)
+    rejected = hand_episode(policy.tokenizer, texts[:1], valid=[False])
+    assert obj.prepare(policy, rejected) is None  # no valid turn: no target
+    assert Distillation().targets(ep)[0].tolist() == every.tolist()  # the default distils every turn
+
+
 @pytest.mark.parametrize("rho", [0.05, 0.3, 0.5, 1.0])
 def test_selected_count_is_ceil_rho_steps(policy, rho):
     eps = [make_episode(policy.tokenizer, k, n) for k, n in enumerate([1, 2, 4])]  # |U| = 7 steps

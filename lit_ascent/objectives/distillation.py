@@ -18,7 +18,8 @@ class Distillation(Objective):
     """
 
     def __init__(self, divergence: str = "forward_kl", beta: float = 0.5,
-                 pi_content: str = "reasoning_actions", chunk_size: int = 256, teacher_top_k: int | None = None):
+                 pi_content: str = "reasoning_actions", chunk_size: int = 256, teacher_top_k: int | None = None,
+                 valid_steps_only: bool = False):
         """
         Args:
             divergence: forward_kl (KL(q||p), default) | reverse_kl | jsd.
@@ -27,6 +28,9 @@ class Distillation(Objective):
             chunk_size: positions per chunk of the divergence (bounds the (chunk, V) logits).
             teacher_top_k: keep only the teacher's top-k tokens plus a tail bucket (an approximation,
                 a lower bound of the divergence; None = the exact full-vocabulary loss).
+            valid_steps_only: distil only the tokens of turns whose action was valid (not in the papers, which
+                distil every turn; ``InvalidTurnFilter`` changes the teacher's PI only). An episode with no
+                valid turn has no target. See docs/results/resail_cycles for why.
         """
         if divergence not in DIVERGENCES:
             raise ValueError(f"objective.divergence must be one of {DIVERGENCES}, got {divergence!r}")
@@ -39,14 +43,23 @@ class Distillation(Objective):
         if teacher_top_k is not None and teacher_top_k < 1:
             raise ValueError(f"objective.teacher_top_k must be >= 1 or None, got {teacher_top_k}")
         self.divergence, self.beta, self.pi_content, self.chunk_size = divergence, beta, pi_content, chunk_size
-        self.teacher_top_k = teacher_top_k
+        self.teacher_top_k, self.valid_steps_only = teacher_top_k, valid_steps_only
 
     def privileged_text(self, episode) -> str:
         return render_privileged(episode.turns, self.pi_content, episode.pi_valid_only)
 
+    def targets(self, episode) -> tuple[torch.Tensor, int]:
+        """(positions, end) of the distilled tokens: ``student_targets``, less invalid turns' tokens with
+        ``valid_steps_only``."""
+        pos, _, end = student_targets(episode)
+        if self.valid_steps_only and len(pos):
+            invalid = episode.invalid_turns
+            pos = pos[torch.tensor([episode.turn_ids[i + 1] not in invalid for i in pos.tolist()], dtype=torch.bool)]
+        return pos, end
+
     def prepare(self, policy, episode):
         """Teacher hidden states at the aligned positions (fixed for all updates of this task)."""
-        pos, _, end = student_targets(episode)
+        pos, end = self.targets(episode)
         if not len(pos):
             return None
         t_ids, offset = teacher_sequence(policy.tokenizer, episode, self.privileged_text(episode))

@@ -92,13 +92,13 @@ class ReSAIL(Distillation):
                 |valid steps of U|); rho = 1 keeps every valid step). Not in the papers: on the TextCraft
                 reference SGS kept mostly invalid craft attempts (docs/results/resail_cycles). PR is unchanged.
         """
-        super().__init__(divergence, beta, pi_content, chunk_size)
+        super().__init__(divergence, beta, pi_content, chunk_size, valid_steps_only=valid_steps_only)
         if not 0.0 < selection_ratio <= 1.0:
             raise ValueError(f"objective.selection_ratio must be in (0, 1], got {selection_ratio}")
         if retention_weight < 0:
             raise ValueError(f"objective.retention_weight must be >= 0, got {retention_weight}")
         self.selection_ratio, self.trajectory_balance = selection_ratio, trajectory_balance
-        self.retention_weight, self.valid_steps_only = retention_weight, valid_steps_only
+        self.retention_weight = retention_weight
 
     # ------------------------------------------------------------------ teacher side (no gradient)
     def prepare(self, policy, episode):
@@ -141,8 +141,8 @@ class ReSAIL(Distillation):
         turn_of = torch.tensor(episode.turn_ids)[pos + 1]
         turns, steps = torch.unique(turn_of, return_inverse=True)
         num_steps = int(steps.max()) + 1
-        valid = {t.index: t.valid for t in episode.turns}
-        invalid = torch.tensor([not valid.get(t, True) for t in turns.tolist()], dtype=torch.bool, device=dev)
+        rejected = episode.invalid_turns
+        invalid = torch.tensor([t in rejected for t in turns.tolist()], dtype=torch.bool, device=dev)
         t_ids, offset = privileged_view(policy.tokenizer, episode, pi_text)
         t_ids = torch.tensor(t_ids[: end + offset])
         pos, steps = pos.to(dev), steps.to(dev)
