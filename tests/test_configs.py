@@ -74,7 +74,7 @@ def test_expected_matrix_is_complete():
     assert {"debug.yaml", "textcraft/ascent.yaml"} <= {str(p.relative_to(CONFIGS)) for p in ENV_CONFIGS}
     assert set(METHODS) == set(EXPECTED)
     assert {p.stem for p in CONFIGS.glob("ablations/*.yaml")} == {"reverse_kl", "jsd", "pi_actions", "pi_full",
-                                                                   "no_filter", "replay", "memory_floor"}
+                                                                   "no_filter", "replay", "memory_floor", "valid_steps"}
 
 
 def test_memory_floor_stacks_on_a_memory_method():
@@ -125,6 +125,7 @@ def test_method_overlays_set_their_defining_arguments():
     ("pi_full", {"pi_content": "full"}),
     ("no_filter", {}),
     ("replay", {}),
+    ("valid_steps", {"valid_steps_only": True}),
 ])
 def test_ablation_differs_from_ascent_only_where_it_should(ablation, changed):
     env = CONFIGS / "textcraft/ascent.yaml"
