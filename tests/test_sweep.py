@@ -40,6 +40,8 @@ def test_cell_row_against_hand_computed_numbers():
     assert row["updates"] == 2 and row["absorbed"] == pytest.approx(0.375) and row["update_s"] == 4.0
     assert row["action_kl"] == pytest.approx(0.02) and row["action_changes"] == 2.0  # the last task's
     assert row["counts"] == {"both": 1, "only_method": 2, "only_base": 1, "neither": 0}
+    assert row["words"]["a"] == pytest.approx(6 / 16) and row["words"]["q"] == pytest.approx(4 / 16)
+    assert list(row["words"])[:2] == ["a", "q"] and row["words"]["(unparsed)"] == pytest.approx(1 / 16)
     assert row["diff"] == pytest.approx(0.25) and row["p"] == pytest.approx(1.0)  # 2 vs 1 discordant
     assert "p" not in sweep.cell_row("base", [], base, base)  # the base is not paired with itself
     assert sweep.cell_row("base", [], base, base)["repeat_rate"] is None  # records without actions
@@ -58,11 +60,12 @@ def test_chosen_follows_the_plan_success_then_drift_then_budget():
 
 def test_archive_then_table_from_the_archive(tmp_path):
     root, archive = tmp_path / "runs", tmp_path / "archive"
+    acts = {"base": [["craft a", "get b"]] * 4, "ascent_lr1e-3_s1_k0": [["get a", "get b"]] * 3 + [["craft a", "x"]]}
     for cell, outcomes in [("base", "1100"), ("ascent_lr1e-3_s1_k0", "1110"), ("ascent_lr1e-4_s1_k0", "1000")]:
         run = root / cell / "textcraft" / "version_0"
         run.mkdir(parents=True)
         (run / "experience.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stream([0.5], 0.0)))
-        (run / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout(outcomes)))
+        (run / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout(outcomes, acts.get(cell))))
         (root / cell / "train.log").write_text("log\n")
         if cell != "ascent_lr1e-4_s1_k0":  # unfinished: not archived
             (root / cell / "done").write_text("")
@@ -74,6 +77,8 @@ def test_archive_then_table_from_the_archive(tmp_path):
     lines = text.splitlines()
     assert lines[2].startswith("| base | 0 | 0 | 0 | 2/4 | - | - |")
     assert lines[3].startswith("| ascent_lr1e-3_s1_k0 | 0.001 | 1 | 0 | 3/4 | +25.0 [")
+    # the base's commonest verb (craft, tied with get: first seen) and each cell's share of it
+    assert lines[0].endswith("| `craft` actions |") and lines[2].endswith("| 50.0% |") and lines[3].endswith("| 12.5% |")
     assert "- chosen for ascent among its 1 cell(s) here: ascent_lr1e-3_s1_k0" in text
     assert json.loads((tmp_path / "sweep.json").read_text())[0]["cell"] in ("base", "ascent_lr1e-3_s1_k0")
 

@@ -16,11 +16,11 @@ and read back from there when ``runs/`` is gone; unfinished runs are left out, n
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lit_ascent.options import parse_options
+from lit_ascent.results.action_words import UNPARSED, leading_words, word_shares
 from lit_ascent.records import read_jsonl
 from lit_ascent.results.paired import mean_std, method_order, paired_markdown, paired_rows
 from lit_ascent.results.report import parse_pair
@@ -142,31 +142,23 @@ def cost_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def first_word(action: str | None) -> str:
-    return "(unparsed)" if not action else action.split()[0]
-
-
 def action_word_rows(runs: CycleRuns, words: int = 3) -> tuple[list[str], list[dict]]:
     """What the deployed agent does, per method and cycle: the share of its actions (all seeds' episodes
-    pooled) by first word (the action's verb: get, craft, ...). The columns: the ``words`` commonest first
-    words of every run's cycle-0 actions, then "other" (any other word, e.g. text copied from an
-    observation) and "(unparsed)"."""
-    def count(rows: list[dict]) -> Counter:
-        return Counter(first_word(a) for t in rows for a in t["actions"])
+    pooled) by first word (``action_words``). The columns: the ``words`` commonest first words of every run's
+    cycle-0 actions, then "other" (any other word, e.g. text copied from an observation) and "(unparsed)"."""
+    def shares(c: int, seeds) -> dict[str, float]:
+        return word_shares(t["actions"] for run in seeds for t in tasks_of(run, c, "deployed"))
 
-    start = count([t for seeds in runs.values() for run in seeds.values() for t in tasks_of(run, 0, "deployed")])
-    columns = [w for w, _ in start.most_common() if w != "(unparsed)"][:words]
+    columns = leading_words(shares(0, [run for seeds in runs.values() for run in seeds.values()]), words)
     rows = []
     for method, seeds in runs.items():
         for c in sorted({t["cycle"] for run in seeds.values() for t in run["tasks"]}):
-            counts = count([t for run in seeds.values() for t in tasks_of(run, c, "deployed")])
-            total = sum(counts.values()) or 1
-            share = {w: counts[w] / total for w in columns}
-            share |= {"other": 1 - sum(share.values()) - counts["(unparsed)"] / total,
-                      "(unparsed)": counts["(unparsed)"] / total}
+            share = shares(c, seeds.values())
+            row = {w: share.get(w, 0.0) for w in [*columns, UNPARSED]}
+            row["other"] = max(0.0, 1 - sum(row.values()))  # no float dust below 0
             rows.append({"method": method, "cycle": c, "seeds": sum(bool(tasks_of(r, c, "deployed"))
-                                                                    for r in seeds.values()), **share})
-    return [*columns, "other", "(unparsed)"], rows
+                                                                    for r in seeds.values()), **row})
+    return [*columns, "other", UNPARSED], rows
 
 
 def action_word_markdown(columns: list[str], rows: list[dict]) -> str:

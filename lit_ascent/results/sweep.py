@@ -14,7 +14,8 @@ episode, replay k), and holds ``done`` once the run finished. Finished cells are
 Each row: held-out success against the base cell's (paired on the same tasks: McNemar's exact p and
 the 95% interval of the difference), held-out turns, invalid-action and repeated-action rates (the
 collapse diagnostics), the updates and the share of each episode's loss they absorbed, the action
-drift on the probe set before the last task, and the update's CPU seconds. ``chosen`` applies the
+drift on the probe set before the last task, the update's CPU seconds, and the share of held-out actions
+whose first word is the base's commonest (TextCraft: ``craft``; ``lit_ascent.results.action_words``). ``chosen`` applies the
 plan's rule (docs/results/efficacy/PLAN.md): highest held-out success, then the lower action drift,
 then the smaller budget lr x steps x (1 + k). With ``--streams`` (a report's run archive), the cells that
 were also run as full streams get the proxy-validity table: the proxy's row above each stream seed's.
@@ -30,6 +31,7 @@ from pathlib import Path
 from lit_ascent.metrics import repeated_actions
 from lit_ascent.options import parse_options
 from lit_ascent.records import read_records, record_rates
+from lit_ascent.results.action_words import leading_words, word_shares
 from lit_ascent.results.paired import format_difference, paired_counts, paired_stats
 from lit_ascent.results.run_archive import HELDOUT_NAME, HELDOUT_SUFFIX, LOG_NAME, SUFFIX, load_archive
 
@@ -92,7 +94,8 @@ def cell_row(cell: str, stream: list[dict], heldout: list[dict], base: list[dict
            "absorbed": sum(absorbed) / len(absorbed) if absorbed else None,
            "action_kl": drift[-1]["diagnostics/action_kl"] if drift else None,
            "action_changes": drift[-1].get("diagnostics/action_changes") if drift else None,
-           "update_s": sum(r.get("timings", {}).get("update_s", 0.0) for r in stream)}
+           "update_s": sum(r.get("timings", {}).get("update_s", 0.0) for r in stream),
+           "words": word_shares(with_actions)}
     if base is not None and cell != BASE:
         counts = paired_counts(adapted, base)
         row.update(counts=counts, **paired_stats(counts))
@@ -125,12 +128,16 @@ def _outcome_cells(r: dict) -> str:
 def sweep_markdown(rows: list[dict]) -> str:
     """The sweep table, one row per cell (base first, then by method and budget), and each method's choice."""
     rows = sorted(rows, key=lambda r: (r["method"] != BASE, r["method"], budget(r), r["lr"], r["steps"], r["k"]))
+    # the verb the first row (the base) uses most (TextCraft: craft): its share of each cell's held-out actions
+    verb = next(iter(leading_words(rows[0].get("words", {}), 1)), None)
     lines = ["| cell | lr | steps | k | held-out | vs base, points [95% CI] | p | turns | invalid | repeat "
-             "| updates | absorbed | action KL | changed | update s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| updates | absorbed | action KL | changed | update s | `{verb}` actions |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        share = r["words"].get(verb, 0.0) if r.get("words") else None
         lines.append(f"| {r['cell']} | {r['lr']:g} | {r['steps']} | {r['k']} | {_outcome_cells(r)} "
-                     f"| {_num(r['action_kl'], '.2g')} | {_num(r['action_changes'], '.0f')} | {r['update_s']:.0f} |")
+                     f"| {_num(r['action_kl'], '.2g')} | {_num(r['action_changes'], '.0f')} | {r['update_s']:.0f} "
+                     f"| {_num(share, '.1%')} |")
     methods = sorted({r["method"] for r in rows} - {BASE})
     count = {m: sum(r["method"] == m for r in rows) for m in methods}
     lines += ["", *(f"- chosen for {m} among its {count[m]} cell(s) here: {chosen(rows, m)['cell']}" for m in methods)]
