@@ -72,3 +72,25 @@ def test_report_pairs_a_run_without_its_initial_row_with_the_base_run_of_its_see
     # a run with its own initial row keeps it; the base is never paired with itself
     assert rows["rft"]["initial_from_base"] == 0 and rows["rft"]["only_method"] == 1
     assert rows["base"]["initial_from_base"] == 0 and "p" not in rows["base"]
+
+
+def test_the_held_out_table_shows_the_share_of_the_base_s_commonest_verb():
+    from lit_ascent.results.heldout_table import heldout_markdown, heldout_rows
+
+    def acting(outcomes, actions, model="adapted"):
+        return [{**r, "actions": a} for r, a in zip(records(outcomes, model, 0 if model == "initial" else 4), actions)]
+
+    runs = {"base": {"seed0": acting("10", [["craft a", "get b"], ["craft c", "get d"]])},
+            "ascent": {"seed0": acting("00", [["get a", "get b"], ["get x", "craft y"]]),
+                       "seed1": acting("01", [["get a"], ["craft b"]]) + acting("11", [["craft a"], ["craft b"]],
+                                                                              "initial")}}
+    rows = {r["method"]: r for r in heldout_rows(runs)}
+    a = rows["ascent"]
+    assert a["verb"] == "craft"  # the base's commonest (tied with get: the first seen)
+    assert a["verb_share"][:2] == pytest.approx([(1 / 4 + 1 / 2) / 2, (1 / 4 * 2 ** 0.5) / 2])
+    assert a["initial_verb_share"][:2] == pytest.approx([(1 / 2 + 1) / 2, (1 / 2 * 2 ** 0.5) / 2])  # base's, own
+    table = heldout_markdown(list(rows.values()))
+    assert "| `craft` actions, adapted / initial (%) |" in table.splitlines()[0]
+    assert table.splitlines()[3].endswith("| 37.5 ± 17.7 / 75.0 ± 35.4 |")
+    no_actions = heldout_rows({"base": {"seed0": records("10")}})[0]
+    assert no_actions["verb"] is None and no_actions["verb_share"] is None

@@ -4,6 +4,7 @@ over seeds."""
 from __future__ import annotations
 
 from lit_ascent.records import record_rates
+from lit_ascent.results.action_words import leading_words, word_shares
 from lit_ascent.results.paired import (COUNTS, Records, Runs, format_cell, format_difference, mean_std, method_order,
                                        paired_counts, paired_stats)
 
@@ -38,8 +39,19 @@ def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
     """One row per method with a held-out evaluation: adapted and initial success (mean, std, n over seeds)
     and, pooled over seeds, the adapted model paired with the initial one task by task (``COUNTS`` with
     only_method = only adapted, only_base = only initial; exact McNemar p; difference and its 95% interval).
-    ``initial_from_base``: how many of its runs were paired with their seed's base run (``run_ends``)."""
+    ``initial_from_base``: how many of its runs were paired with their seed's base run (``run_ends``).
+    ``verb``: the commonest first word of the base's held-out actions (of every run's without a base; TextCraft:
+    craft); ``verb_share`` / ``initial_verb_share``: its share of the adapted / initial model's actions."""
     rows = []
+    pool = heldout.get(base) or {s: r for seeds in heldout.values() for s, r in seeds.items()}
+    verb = next(iter(leading_words(word_shares(r["actions"] for records in pool.values() for r in records
+                                               if "actions" in r), 1)), None)
+
+    def verb_share(records: Records) -> float | None:
+        if not records or verb is None or any("actions" not in r for r in records):
+            return None
+        return word_shares(r["actions"] for r in records).get(verb, 0.0)
+
     for method in method_order(heldout, base):
         ends, borrowed = run_ends(heldout, method, base)
         if not ends:
@@ -52,7 +64,9 @@ def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
                "tasks_seen": sorted({t for _, _, t in ends}),
                "success": mean_std([record_rates(a)["success_rate"] for a, _, _ in ends]),
                "initial_success": mean_std([record_rates(i)["success_rate"] if i else None for _, i, _ in ends]),
-               "initial_from_base": borrowed, **counts}
+               "initial_from_base": borrowed, "verb": verb,
+               "verb_share": mean_std([verb_share(a) for a, _, _ in ends]),
+               "initial_verb_share": mean_std([verb_share(i) for _, i, _ in ends]), **counts}
         if sum(counts.values()):
             row.update(paired_stats(counts))
         rows.append(row)
@@ -63,13 +77,14 @@ def heldout_markdown(rows: list[dict]) -> str:
     """The held-out rows as a markdown table ('-' where a run has no initial-model evaluation)."""
     head = ["method", "seeds", "tasks", "after stream tasks", "adapted success (%)", "initial success (%)",
             "initial from base", "both solved", "only adapted", "only initial", "neither", "McNemar exact p",
-            "difference (pp, 95% CI)"]
+            "difference (pp, 95% CI)", f"`{rows[0]['verb'] if rows else None}` actions, adapted / initial (%)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         paired = [*(str(r[k]) for k in COUNTS), f"{r['p']:.3g}", format_difference(r)] if "p" in r else ["-"] * 6
         cells = [r["method"], str(r["seeds"]), "/".join(map(str, r["tasks"])), "/".join(map(str, r["tasks_seen"])),
                  format_cell(r["success"], 100.0), format_cell(r["initial_success"], 100.0),
-                 str(r["initial_from_base"]), *paired]
+                 str(r["initial_from_base"]), *paired,
+                 f"{format_cell(r['verb_share'], 100.0)} / {format_cell(r['initial_verb_share'], 100.0)}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
