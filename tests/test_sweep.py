@@ -78,7 +78,8 @@ def test_archive_then_table_from_the_archive(tmp_path):
     assert lines[2].startswith("| base | 0 | 0 | 0 | 2/4 | - | - |")
     assert lines[3].startswith("| ascent_lr1e-3_s1_k0 | 0.001 | 1 | 0 | 3/4 | +25.0 [")
     # the base's commonest verb (craft, tied with get: first seen) and each cell's share of it
-    assert lines[0].endswith("| `craft` actions |") and lines[2].endswith("| 50.0% |") and lines[3].endswith("| 12.5% |")
+    assert lines[0].endswith("| `craft` actions |")
+    assert lines[2].endswith("| 50.0% |") and lines[3].endswith("| 12.5% |")
     assert "- chosen for ascent among its 1 cell(s) here: ascent_lr1e-3_s1_k0" in text
     assert json.loads((tmp_path / "sweep.json").read_text())[0]["cell"] in ("base", "ascent_lr1e-3_s1_k0")
 

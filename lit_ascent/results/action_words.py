@@ -11,7 +11,8 @@ UNPARSED = "(unparsed)"
 
 
 def first_word(action: str | None) -> str:
-    return action.split()[0] if action and action.split() else UNPARSED
+    words = (action or "").split()
+    return words[0] if words else UNPARSED
 
 
 def word_shares(action_lists: Iterable[list[str | None]]) -> dict[str, float]:
