@@ -4,8 +4,8 @@ played again (greedy; the initial model, so the same episodes as the run's), and
 
     PYTHONPATH=. python scripts/sgs_kept_steps.py runs/resail_cycles/sdpo_resail/seed0
 
-Reads the run's ``config.yaml`` and ``tasks.jsonl`` (or their archive); prints one line per kept step and,
-over the 10 updates, the share of kept steps that were invalid against the share of all drawn steps.
+Reads the run's ``config.yaml`` and ``tasks.jsonl`` (in runs/, not the archive); prints one line per kept step and,
+over the cycle's updates, the share of kept steps that were invalid against the share of all drawn steps.
 """
 from __future__ import annotations
 
