@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lit_ascent.action_words import UNPARSED, leading_words, word_shares
 from lit_ascent.options import parse_options
 from lit_ascent.records import read_jsonl
-from lit_ascent.results.action_words import UNPARSED, leading_words, word_shares
 from lit_ascent.results.paired import mean_std, method_order, paired_markdown, paired_rows
 from lit_ascent.results.report import parse_pair
 from lit_ascent.results.run_archive import archive_file

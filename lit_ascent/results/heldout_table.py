@@ -3,8 +3,8 @@
 over seeds."""
 from __future__ import annotations
 
+from lit_ascent.action_words import leading_words, word_shares
 from lit_ascent.records import record_rates
-from lit_ascent.results.action_words import leading_words, word_shares
 from lit_ascent.results.paired import (COUNTS, Records, Runs, format_cell, format_difference, mean_std, method_order,
                                        paired_counts, paired_stats)
 

@@ -15,7 +15,7 @@ Each row: held-out success against the base cell's (paired on the same tasks: Mc
 the 95% interval of the difference), held-out turns, invalid-action and repeated-action rates (the
 collapse diagnostics), the updates and the share of each episode's loss they absorbed, the action
 drift on the probe set before the last task, the update's CPU seconds, and the share of held-out actions
-whose first word is the base's commonest (TextCraft: ``craft``; ``lit_ascent.results.action_words``).
+whose first word is the base's commonest (TextCraft: ``craft``; ``lit_ascent.action_words``).
 ``chosen`` applies the plan's rule (docs/results/efficacy/PLAN.md): highest held-out success, then the lower
 action drift, then the smaller budget lr x steps x (1 + k). With ``--streams`` (a report's run archive), the cells that
 were also run as full streams get the proxy-validity table: the proxy's row above each stream seed's.
@@ -28,10 +28,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lit_ascent.action_words import leading_words, word_shares
 from lit_ascent.metrics import repeated_actions
 from lit_ascent.options import parse_options
 from lit_ascent.records import read_records, record_rates
-from lit_ascent.results.action_words import leading_words, word_shares
 from lit_ascent.results.paired import format_difference, paired_counts, paired_stats
 from lit_ascent.results.run_archive import HELDOUT_NAME, HELDOUT_SUFFIX, LOG_NAME, SUFFIX, load_archive
 
