@@ -25,3 +25,8 @@ def word_shares(action_lists: Iterable[list[str | None]]) -> dict[str, float]:
 def leading_words(shares: dict[str, float], n: int) -> list[str]:
     """The ``n`` commonest parsed words of ``shares``."""
     return [w for w in shares if w != UNPARSED][:n]
+
+
+def top_word(shares: dict[str, float]) -> str | None:
+    """The commonest parsed word of ``shares`` (None: no parsed action)."""
+    return next(iter(leading_words(shares, 1)), None)

@@ -159,7 +159,7 @@ def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], u
     teacher_side: dict[int, StepTargets | None] = {}
     for i in range(updates):
         t0 = time.perf_counter()
-        batch = rng.sample(range(len(data)), min(batch_size, len(data)))  # the draws of rng.sample(data, ...)
+        batch = draw_batch(rng, len(data), batch_size)
         for j in batch:
             if j not in teacher_side:
                 teacher_side[j] = objective.prepare_episode(policy, *data[j])
@@ -178,6 +178,16 @@ def distil(policy: Policy, objective: ReSAIL, data: list[tuple[Episode, str]], u
         log.info("distil: %d/%d updates, loss %.4f, %.0f s", i + 1, updates, out.loss.item(),
                  history[-1]["perf/update_s"])
     return history
+
+
+def cycle_rng(cycles: CyclesConfig, cycle: int) -> random.Random:
+    """The random draws of cycle ``cycle``'s distillation batches."""
+    return random.Random(cycles.seed + cycle)
+
+
+def draw_batch(rng: random.Random, num_episodes: int, batch_size: int) -> list[int]:
+    """One update's episode indices (the draws of ``rng.sample(data, ...)``)."""
+    return rng.sample(range(num_episodes), min(batch_size, num_episodes))
 
 
 def probe_episodes(policy: Policy, env: TextEnv, probe: list[tuple[Task, str]], cfg: RolloutConfig,
@@ -241,7 +251,7 @@ def run_cycles(policy: Policy, env: TextEnv, tasks: list[Task], objective: ReSAI
             if c < cycles.cycles and verified:
                 t2 = time.perf_counter()
                 history = distil(policy, objective, list(zip(verified, texts)), cycles.updates_per_cycle,
-                                 cycles.batch_size, opt, optim.grad_clip, random.Random(cycles.seed + c))
+                                 cycles.batch_size, opt, optim.grad_clip, cycle_rng(cycles, c))
                 for h in history:
                     logger.scalars(h, step)
                     step += 1

@@ -4,19 +4,18 @@ played again (greedy; the initial model, so the same episodes as the run's), and
 
     PYTHONPATH=. python scripts/sgs_kept_steps.py runs/resail_cycles/sdpo_resail/seed0
 
-Reads the run's ``config.yaml`` and ``tasks.jsonl`` (in runs/, not the archive); prints one line per kept step and,
-over the cycle's updates, the share of kept steps that were invalid against the share of all drawn steps.
+Reads the run's ``config.yaml`` and ``tasks.jsonl`` (in runs/, not the archive); prints one line per kept
+step and, over the cycle's updates, the share of kept steps that were invalid against the share of all drawn steps.
 """
 from __future__ import annotations
 
 import json
-import random
 import sys
 from pathlib import Path
 
 import torch
 
-from lit_ascent.cycles import build_parser, deployment_tasks, privileged_texts
+from lit_ascent.cycles import build_parser, cycle_rng, deployment_tasks, draw_batch, privileged_texts
 from lit_ascent.evaluate import evaluate
 from lit_ascent.models import load_policy
 
@@ -36,10 +35,10 @@ def main(run: Path) -> None:
     objective = init.objective
     texts = privileged_texts(policy, objective, verified, init.cycles)
     prepared = [objective.prepare_episode(policy, e, z) for e, z in zip(verified, texts)]
-    rng = random.Random(init.cycles.seed + 0)  # distil's draws in cycle 0
+    rng = cycle_rng(init.cycles, 0)
     kept = drawn = kept_invalid = drawn_invalid = 0
     for update in range(init.cycles.updates_per_cycle):
-        batch = rng.sample(range(len(verified)), min(init.cycles.batch_size, len(verified)))
+        batch = draw_batch(rng, len(verified), init.cycles.batch_size)
         chosen = objective.select([prepared[j] for j in batch])
         for j, p in zip(batch, chosen):
             drawn, drawn_invalid = drawn + p.num_steps, drawn_invalid + int(p.invalid.sum())

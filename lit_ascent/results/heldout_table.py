@@ -3,7 +3,7 @@
 over seeds."""
 from __future__ import annotations
 
-from lit_ascent.action_words import leading_words, word_shares
+from lit_ascent.action_words import top_word, word_shares
 from lit_ascent.records import record_rates
 from lit_ascent.results.paired import (COUNTS, Records, Runs, format_cell, format_difference, mean_std, method_order,
                                        paired_counts, paired_stats)
@@ -44,8 +44,7 @@ def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
     craft); ``verb_share`` / ``initial_verb_share``: its share of the adapted / initial model's actions."""
     rows = []
     pool = heldout.get(base) or {s: r for seeds in heldout.values() for s, r in seeds.items()}
-    verb = next(iter(leading_words(word_shares(r["actions"] for records in pool.values() for r in records
-                                               if "actions" in r), 1)), None)
+    verb = top_word(word_shares(r["actions"] for records in pool.values() for r in records if "actions" in r))
 
     def verb_share(records: Records) -> float | None:
         if not records or verb is None or any("actions" not in r for r in records):

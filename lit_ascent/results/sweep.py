@@ -17,8 +17,8 @@ collapse diagnostics), the updates and the share of each episode's loss they abs
 drift on the probe set before the last task, the update's CPU seconds, and the share of held-out actions
 whose first word is the base's commonest (TextCraft: ``craft``; ``lit_ascent.action_words``).
 ``chosen`` applies the plan's rule (docs/results/efficacy/PLAN.md): highest held-out success, then the lower
-action drift, then the smaller budget lr x steps x (1 + k). With ``--streams`` (a report's run archive), the cells that
-were also run as full streams get the proxy-validity table: the proxy's row above each stream seed's.
+action drift, then the smaller budget lr x steps x (1 + k). With ``--streams`` (a report's run archive), the
+cells that were also run as full streams get the proxy-validity table: the proxy's row above each stream seed's.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lit_ascent.action_words import leading_words, word_shares
+from lit_ascent.action_words import top_word, word_shares
 from lit_ascent.metrics import repeated_actions
 from lit_ascent.options import parse_options
 from lit_ascent.records import read_records, record_rates
@@ -129,7 +129,7 @@ def sweep_markdown(rows: list[dict]) -> str:
     """The sweep table, one row per cell (base first, then by method and budget), and each method's choice."""
     rows = sorted(rows, key=lambda r: (r["method"] != BASE, r["method"], budget(r), r["lr"], r["steps"], r["k"]))
     # the verb the first row (the base) uses most (TextCraft: craft): its share of each cell's held-out actions
-    verb = next(iter(leading_words(rows[0].get("words", {}), 1)), None)
+    verb = top_word(rows[0].get("words", {}))
     lines = ["| cell | lr | steps | k | held-out | vs base, points [95% CI] | p | turns | invalid | repeat "
              f"| updates | absorbed | action KL | changed | update s | `{verb}` actions |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
