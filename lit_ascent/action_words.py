@@ -30,3 +30,9 @@ def leading_words(shares: dict[str, float], n: int) -> list[str]:
 def top_word(shares: dict[str, float]) -> str | None:
     """The commonest parsed word of ``shares`` (None: no parsed action)."""
     return next(iter(leading_words(shares, 1)), None)
+
+
+def unseen_share(shares: dict[str, float], reference: dict[str, float]) -> float:
+    """The share of ``shares``' parsed actions whose word ``reference`` never uses (a policy inventing verbs:
+    the collapsed TextCraft agent's ``not enough bamboo``)."""
+    return sum(v for w, v in shares.items() if w != UNPARSED and w not in reference)

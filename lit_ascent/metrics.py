@@ -31,18 +31,22 @@ def repeated_actions(actions: list[str | None]) -> dict[str, float]:
     """How much an episode repeats itself (the loop of one valid action seen at large update budgets).
 
     repeat_rate = share of turns whose parsed action equals an action of an earlier turn of the
-    episode; longest_run = the longest run of consecutive turns with one and the same action.
-    Turns without a parsed action (None) never repeat and break a run. An empty episode gives 0, 0.
+    episode; back_to_back_rate = share of turns whose parsed action equals the previous turn's (the loop
+    itself: a policy that alternates two actions repeats without it); longest_run = the longest run of
+    consecutive turns with one and the same action. Turns without a parsed action (None) never repeat and
+    break a run. An empty episode gives 0, 0, 0.
     """
     seen: set[str] = set()
-    repeats, run, longest, prev = 0, 0, 0, None
+    repeats, back_to_back, run, longest, prev = 0, 0, 0, 0, None
     for action in actions:
         repeats += action is not None and action in seen
+        back_to_back += action is not None and action == prev
         run = run + 1 if action is not None and action == prev else int(action is not None)
         longest, prev = max(longest, run), action
         if action is not None:
             seen.add(action)
-    return {"diagnostics/repeat_action_rate": repeats / len(actions) if actions else 0.0,
+    n = len(actions) or 1
+    return {"diagnostics/repeat_action_rate": repeats / n, "diagnostics/back_to_back_rate": back_to_back / n,
             "diagnostics/longest_action_run": float(longest)}
 
 

@@ -15,16 +15,17 @@ from lit_ascent.metrics import action_drift, repeated_actions
 from lit_ascent.outcome import TaskOutcome
 
 
-@pytest.mark.parametrize("actions,rate,run", [
-    ([], 0.0, 0),
-    (["a", "b", "c"], 0.0, 1),
-    (["a", "a", "a", "a"], 3 / 4, 4),                 # the collapse: one action in a loop
-    (["a", "b", "a", "b", "a"], 3 / 5, 1),            # repeats without a run
-    (["a", None, "a", "a", None, None], 2 / 6, 2),    # no action never repeats and breaks a run
+@pytest.mark.parametrize("actions,rate,back_to_back,run", [
+    ([], 0.0, 0.0, 0),
+    (["a", "b", "c"], 0.0, 0.0, 1),
+    (["a", "a", "a", "a"], 3 / 4, 3 / 4, 4),                 # the collapse: one action in a loop
+    (["a", "b", "a", "b", "a"], 3 / 5, 0.0, 1),              # repeats without a run
+    (["a", None, "a", "a", None, None], 2 / 6, 1 / 6, 2),    # no action never repeats and breaks a run
 ])
-def test_repeated_actions(actions, rate, run):
+def test_repeated_actions(actions, rate, back_to_back, run):
     stats = repeated_actions(actions)
     assert stats["diagnostics/repeat_action_rate"] == pytest.approx(rate)
+    assert stats["diagnostics/back_to_back_rate"] == pytest.approx(back_to_back)
     assert stats["diagnostics/longest_action_run"] == run
 
 

@@ -37,6 +37,7 @@ def test_cell_row_against_hand_computed_numbers():
     assert row["invalid_rate"] == pytest.approx(2 / 16) and row["turns"] == 4.0
     # repeats: 2/4, 0/4, 2/4 (None never repeats), 3/4
     assert row["repeat_rate"] == pytest.approx((0.5 + 0 + 0.5 + 0.75) / 4)
+    assert row["back_to_back"] == pytest.approx((0.25 + 0 + 0.25 + 0.75) / 4)  # same as the previous turn's
     assert row["updates"] == 2 and row["absorbed"] == pytest.approx(0.375) and row["update_s"] == 4.0
     assert row["action_kl"] == pytest.approx(0.02) and row["action_changes"] == 2.0  # the last task's
     assert row["counts"] == {"both": 1, "only_method": 2, "only_base": 1, "neither": 0}
@@ -77,9 +78,10 @@ def test_archive_then_table_from_the_archive(tmp_path):
     lines = text.splitlines()
     assert lines[2].startswith("| base | 0 | 0 | 0 | 2/4 | - | - |")
     assert lines[3].startswith("| ascent_lr1e-3_s1_k0 | 0.001 | 1 | 0 | 3/4 | +25.0 [")
-    # the base's commonest verb (craft, tied with get: first seen) and each cell's share of it
-    assert lines[0].endswith("| `craft` actions |")
-    assert lines[2].endswith("| 50.0% |") and lines[3].endswith("| 12.5% |")
+    # the base's commonest verb (craft, tied with get: first seen) and each cell's share of it, then the share
+    # of words the base never uses (x)
+    assert lines[0].endswith("| `craft` actions | words the base never uses |")
+    assert lines[2].endswith("| 50.0% | 0.0% |") and lines[3].endswith("| 12.5% | 12.5% |")
     assert "- chosen for ascent among its 1 cell(s) here: ascent_lr1e-3_s1_k0" in text
     assert json.loads((tmp_path / "sweep.json").read_text())[0]["cell"] in ("base", "ascent_lr1e-3_s1_k0")
 

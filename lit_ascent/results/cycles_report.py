@@ -37,6 +37,7 @@ COLUMNS = {  # key in a cycle row -> (header, scale; 100: shown in percent)
     "diagnostics/action_kl": ("action KL from the initial model (nats)", 1),
     "diagnostics/first_token_entropy": ("first-token entropy (nats)", 1),
     "diagnostics/repeat_action_rate": ("repeated actions (%)", 100),
+    "diagnostics/back_to_back_rate": ("back-to-back repeats (%)", 100),
     "deployed/invalid_rate": ("invalid rate (%)", 100),
 }
 COSTS = {"perf/collect_s": "deployment + probe (h)", "perf/diagnostics_s": "diagnostics (h)",

@@ -12,10 +12,11 @@ episode, replay k), and holds ``done`` once the run finished. Finished cells are
         --out docs/results/efficacy/sweep
 
 Each row: held-out success against the base cell's (paired on the same tasks: McNemar's exact p and
-the 95% interval of the difference), held-out turns, invalid-action and repeated-action rates (the
-collapse diagnostics), the updates and the share of each episode's loss they absorbed, the action
+the 95% interval of the difference), held-out turns, invalid-action, repeated-action and back-to-back
+repeat rates (the collapse diagnostics), the updates and the share of each episode's loss they absorbed, the action
 drift on the probe set before the last task, the update's CPU seconds, and the share of held-out actions
-whose first word is the base's commonest (TextCraft: ``craft``; ``lit_ascent.action_words``).
+whose first word is the base's commonest (TextCraft: ``craft``; ``lit_ascent.action_words``) and of those whose
+first word the base never uses.
 ``chosen`` applies the plan's rule (docs/results/efficacy/PLAN.md): highest held-out success, then the lower
 action drift, then the smaller budget lr x steps x (1 + k). With ``--streams`` (a report's run archive), the
 cells that were also run as full streams get the proxy-validity table: the proxy's row above each stream seed's.
@@ -28,7 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lit_ascent.action_words import top_word, word_shares
+from lit_ascent.action_words import top_word, unseen_share, word_shares
 from lit_ascent.metrics import repeated_actions
 from lit_ascent.options import parse_options
 from lit_ascent.records import read_records, record_rates
@@ -86,10 +87,11 @@ def cell_row(cell: str, stream: list[dict], heldout: list[dict], base: list[dict
     updating = [r for r in stream if r.get("updates")]
     absorbed = [a for r in updating if (a := r.get("update", {}).get("update/absorbed_fraction")) is not None]
     drift = [r for r in stream if "diagnostics/action_kl" in r]
+    repeats = [repeated_actions(a) for a in with_actions]
     row = {"cell": cell, **setting(cell), "solved": sum(r["verified"] for r in adapted), "tasks": len(adapted),
            "success": rates["success_rate"], "turns": rates["turns"], "invalid_rate": rates["invalid_rate"],
-           "repeat_rate": (sum(repeated_actions(a)["diagnostics/repeat_action_rate"] for a in with_actions)
-                           / len(with_actions)) if with_actions else None,
+           "repeat_rate": mean_of(repeats, "diagnostics/repeat_action_rate"),
+           "back_to_back": mean_of(repeats, "diagnostics/back_to_back_rate"),
            "updates": sum(r.get("updates", 0) for r in stream),
            "absorbed": sum(absorbed) / len(absorbed) if absorbed else None,
            "action_kl": drift[-1]["diagnostics/action_kl"] if drift else None,
@@ -100,6 +102,10 @@ def cell_row(cell: str, stream: list[dict], heldout: list[dict], base: list[dict
         counts = paired_counts(adapted, base)
         row.update(counts=counts, **paired_stats(counts))
     return row
+
+
+def mean_of(rows: list[dict], key: str) -> float | None:
+    return sum(r[key] for r in rows) / len(rows) if rows else None
 
 
 def budget(row: dict) -> float:
@@ -119,25 +125,32 @@ def _num(value, fmt: str) -> str:
 
 
 def _outcome_cells(r: dict) -> str:
-    """held-out | vs base | p | turns | invalid | repeat | updates | absorbed, the columns every table here shares."""
+    """held-out | vs base | p | turns | invalid | repeat | back-to-back | updates | absorbed, the columns every
+    table here shares."""
     vs = (format_difference(r), f"{r['p']:.3g}") if "p" in r else ("-", "-")
     return (f"{r['solved']}/{r['tasks']} | {vs[0]} | {vs[1]} | {r['turns']:.1f} | {r['invalid_rate']:.1%} "
-            f"| {_num(r['repeat_rate'], '.1%')} | {r['updates']} | {_num(r['absorbed'], '.0%')}")
+            f"| {_num(r['repeat_rate'], '.1%')} | {_num(r.get('back_to_back'), '.1%')} | {r['updates']} "
+            f"| {_num(r['absorbed'], '.0%')}")
 
 
 def sweep_markdown(rows: list[dict]) -> str:
     """The sweep table, one row per cell (base first, then by method and budget), and each method's choice."""
     rows = sorted(rows, key=lambda r: (r["method"] != BASE, r["method"], budget(r), r["lr"], r["steps"], r["k"]))
     # the verb the first row (the base) uses most (TextCraft: craft): its share of each cell's held-out actions
-    verb = top_word(rows[0].get("words", {}))
+    # and the share of its actions whose word the base never uses
+    base_words = rows[0].get("words", {})
+    verb = top_word(base_words)
     lines = ["| cell | lr | steps | k | held-out | vs base, points [95% CI] | p | turns | invalid | repeat "
-             f"| updates | absorbed | action KL | changed | update s | `{verb}` actions |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| back-to-back | updates | absorbed | action KL | changed | update s | `{verb}` actions "
+             "| words the base never uses |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        share = r["words"].get(verb, 0.0) if r.get("words") else None
+        words = r.get("words")
+        share = words.get(verb, 0.0) if words else None
+        unseen = unseen_share(words, base_words) if words else None
         lines.append(f"| {r['cell']} | {r['lr']:g} | {r['steps']} | {r['k']} | {_outcome_cells(r)} "
                      f"| {_num(r['action_kl'], '.2g')} | {_num(r['action_changes'], '.0f')} | {r['update_s']:.0f} "
-                     f"| {_num(share, '.1%')} |")
+                     f"| {_num(share, '.1%')} | {_num(unseen, '.1%')} |")
     methods = sorted({r["method"] for r in rows} - {BASE})
     count = {m: sum(r["method"] == m for r in rows) for m in methods}
     lines += ["", *(f"- chosen for {m} among its {count[m]} cell(s) here: {chosen(rows, m)['cell']}" for m in methods)]
@@ -163,8 +176,8 @@ def validity_rows(rows: list[dict], streams: Path) -> list[dict]:
 
 def validity_markdown(rows: list[dict]) -> str:
     """The proxy-validity table: a setting's proxy cell above its full streams, each against its own base."""
-    lines = ["| setting | run | held-out | vs base, points [95% CI] | p | turns | invalid | repeat | updates | absorbed |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | run | held-out | vs base, points [95% CI] | p | turns | invalid | repeat | back-to-back "
+             "| updates | absorbed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['cell']} | {r['run']} | {_outcome_cells(r)} |" for r in rows]
     return "\n".join(lines) + "\n"
 
