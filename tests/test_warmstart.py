@@ -308,10 +308,10 @@ def test_alfworld_demos_from_cached_planner_jsonl(tokenizer, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env_name, n_failed", [("textcraft", 1), ("alfworld", 0)])
+@pytest.mark.parametrize("env_name, n_failed", [("textcraft", 1), ("alfworld", 0), ("webshop", 1)])
 def test_committed_reference_adapter_reproduces_its_reported_base_success(env_name, n_failed):
     """Reruns the plain evaluation of a committed adapter on a few of the reported tasks
-    (the 2 it solved in the fewest turns, and for TextCraft the first it failed; a failed
+    (the 2 it solved in the fewest turns, and for TextCraft and WebShop the first it failed; a failed
     50-turn ALFWorld episode costs minutes), one episode at a time, against the committed
     report (recorded in batches: bf16 rounding may flip a near-tie, so one may disagree)."""
     from pathlib import Path
@@ -329,6 +329,11 @@ def test_committed_reference_adapter_reproduces_its_reported_base_success(env_na
             resolve_data_root()
         except FileNotFoundError as err:
             pytest.skip(f"ALFWorld data not found ({err})")
+    if env_name == "webshop":
+        from lit_ascent.envs.webshop_data import DATA_FILES, resolve_data_dir
+
+        if not all((resolve_data_dir() / f).is_file() for f in DATA_FILES):
+            pytest.skip("no WebShop data (set WEBSHOP_DATA)")
     root = Path(__file__).resolve().parents[1]
     report = json.loads((root / f"docs/results/warmstart_{env_name}/eval_{env_name}.json").read_text())
     args, recorded = report["args"], report["rows"]["plain"]["episodes"]
