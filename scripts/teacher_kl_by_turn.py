@@ -25,6 +25,7 @@ from lit_ascent.objectives import Distillation
 from lit_ascent.playback import Playback
 from lit_ascent.privileged import teacher_sequence
 
+
 def read_prefix(log: str, num_tasks: int) -> Playback:
     """The first ``num_tasks`` records of ``log`` as a ``Playback``."""
     opener = gzip.open if log.endswith(".gz") else open
