@@ -22,6 +22,7 @@ import torch
 from lit_ascent.envs.textcraft import TextCraftEnv
 from lit_ascent.models import ModelConfig, load_policy
 from lit_ascent.objectives import Distillation
+from lit_ascent.objectives.divergences import forward_kl
 from lit_ascent.playback import Playback
 from lit_ascent.privileged import teacher_sequence
 
@@ -41,7 +42,7 @@ def turn_kl(tok, ids: list[int], turn, s_logp: torch.Tensor, t_logp: torch.Tenso
     log-probs are aligned (``t_logp[p]`` and ``s_logp[p]`` predict ``ids[p + 1]``)."""
     pos = torch.arange(turn.span[0] - 1, turn.span[1] - 1)
     t, s = t_logp[pos], s_logp[pos]
-    kl = (t.exp() * (t - s)).sum(-1)
+    kl = forward_kl(s, t)  # the loss's own divergence (log-probs are logits to it)
     parts = []
     for i in kl.topk(min(top, len(pos))).indices.tolist():
         p, own = int(pos[i]), ids[int(pos[i]) + 1]

@@ -95,9 +95,9 @@ def test_smollm2_with_a_procedural_memory_on_textcraft(tmp_path):
 
 def test_smollm2_shops_on_webshop_through_the_loop(tmp_path):
     """The real model on the offline WebShop (configs/webshop/ascent.yaml): two goals, three turns each."""
-    from lit_ascent.envs.webshop_data import DATA_FILES, resolve_data_dir
+    from lit_ascent.envs.webshop_data import has_data
 
-    if not all((resolve_data_dir() / f).is_file() for f in DATA_FILES):
+    if not has_data():
         pytest.skip("no WebShop data (set WEBSHOP_DATA)")
     proc = run_cli(tmp_path, "--config", "configs/webshop/ascent.yaml", "--data.num_tasks", "2",
                    "--model.rollout.max_turns", "3", "--model.rollout.max_new_tokens", "48", timeout=1800)

@@ -330,9 +330,9 @@ def test_committed_reference_adapter_reproduces_its_reported_base_success(env_na
         except FileNotFoundError as err:
             pytest.skip(f"ALFWorld data not found ({err})")
     if env_name == "webshop":
-        from lit_ascent.envs.webshop_data import DATA_FILES, resolve_data_dir
+        from lit_ascent.envs.webshop_data import has_data
 
-        if not all((resolve_data_dir() / f).is_file() for f in DATA_FILES):
+        if not has_data():
             pytest.skip("no WebShop data (set WEBSHOP_DATA)")
     root = Path(__file__).resolve().parents[1]
     report = json.loads((root / f"docs/results/warmstart_{env_name}/eval_{env_name}.json").read_text())

@@ -12,6 +12,7 @@ from lit_ascent.envs.webshop_data import (
     NO_PRICE_BOUND,
     Goal,
     Product,
+    has_data,
     load_products,
     parse_pricing,
     price_bound,
@@ -22,7 +23,7 @@ from lit_ascent.envs.webshop_reward import normalize_color, reward, type_reward
 from lit_ascent.bm25 import BM25Index
 
 DATA = resolve_data_dir()
-if not all((DATA / f).is_file() for f in DATA_FILES):
+if not has_data(DATA):
     pytest.skip(f"no WebShop data in {DATA} (set WEBSHOP_DATA)", allow_module_level=True)
 
 
@@ -226,9 +227,11 @@ def test_missing_and_corrupted_files_name_the_path_and_checksum(tmp_path):
     for name in DATA_FILES:
         shutil.copy(DATA / name, tmp_path / name)
     (tmp_path / "items_ins_v2_1000.json").write_text("{}")
+    assert has_data(tmp_path)  # present, not yet checked
     with pytest.raises(ValueError, match=f"items_ins_v2_1000.json is corrupted.*expected {DATA_FILES['items_ins_v2_1000.json']}"):
         load_products(tmp_path)
     (tmp_path / "items_shuffle_1000.json").unlink()
+    assert not has_data(tmp_path)
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/items_shuffle_1000.json.*{DATA_FILES['items_shuffle_1000.json']}"):
         WebShopEnv(data_dir=str(tmp_path)).tasks()
 

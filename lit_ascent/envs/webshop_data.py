@@ -50,6 +50,12 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     return Path(chosen).expanduser().resolve()
 
 
+def has_data(data_dir: str | os.PathLike | None = None) -> bool:
+    """Whether every data file is in ``resolve_data_dir(data_dir)`` (unchecked: ``check_file`` checks)."""
+    folder = resolve_data_dir(data_dir)
+    return all((folder / name).is_file() for name in DATA_FILES)
+
+
 def check_file(path: Path, sha256: str) -> None:
     """Raise with the path and the expected checksum when the file is missing or not WebShop's."""
     if not path.is_file():
