@@ -67,7 +67,7 @@ def episode_records(episodes: list[Episode], model: str, tasks_seen: int) -> lis
     """One JSON-ready record per held-out episode."""
     return [{"model": model, "tasks_seen": tasks_seen, "task_index": e.task.index, "task_id": e.task.task_id,
              "verified": e.verified, "turns": len(e.turns), "invalid": e.num_invalid, "actions": e.actions,
-             "error": e.error}
+             "error": e.error, "score": e.score}
             for e in episodes]
 
 

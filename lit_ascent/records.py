@@ -38,26 +38,33 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
 def record_rates(records: list[dict]) -> dict[str, float]:
     """success_rate, mean turns per task and invalid-action rate (invalid actions / turns) of records
-    with ``verified``, ``turns``, ``invalid`` (``Episode.summary()``); 0 for no records or no turns."""
+    with ``verified``, ``turns``, ``invalid`` (``Episode.summary()``); 0 for no records or no turns.
+    Where the environment grades episodes (a ``score``, e.g. WebShop's reward), also ``mean_score``: the
+    mean over all records, an episode that ended without a score (turn limit, error) counting 0."""
     n = max(len(records), 1)
     turns = sum(r["turns"] for r in records)
-    return {
+    rates = {
         "success_rate": sum(r["verified"] for r in records) / n,
         "turns": turns / n,
         "invalid_rate": sum(r["invalid"] for r in records) / max(turns, 1),
     }
+    if any(r.get("score") is not None for r in records):
+        rates["mean_score"] = sum(r.get("score") or 0.0 for r in records) / n
+    return rates
 
 
 def outcome_rates(episodes: list) -> dict[str, float]:
     """``record_rates`` of a set of episodes."""
-    return record_rates([{"verified": e.verified, "turns": len(e.turns), "invalid": e.num_invalid} for e in episodes])
+    return record_rates([{"verified": e.verified, "turns": len(e.turns), "invalid": e.num_invalid, "score": e.score}
+                         for e in episodes])
 
 
 def summarize(records: list[dict]) -> dict[str, float]:
     """Stream summary from per-task records (verified, turns, invalid, updates): ``record_rates`` over
-    the stream, the success rate of its second half, and the optimiser steps taken."""
+    the stream (``mean_score`` where it has one), the success rate of its second half, and the optimiser
+    steps taken."""
     rates = record_rates(records)
-    return {
+    summary = {
         "tasks": len(records),
         "success_rate": rates["success_rate"],
         "second_half_success_rate": record_rates(records[len(records) // 2:])["success_rate"],
@@ -65,3 +72,6 @@ def summarize(records: list[dict]) -> dict[str, float]:
         "invalid_rate": rates["invalid_rate"],
         "updates": sum(r["updates"] for r in records),
     }
+    if "mean_score" in rates:
+        summary["mean_score"] = rates["mean_score"]
+    return summary

@@ -160,6 +160,7 @@ class EpisodeRun:
             ep.error = error
         if result.done:
             ep.verified, self.ended, self.over = bool(result.verified) and error is None, True, True
+            ep.score = result.info.get("score")
             return None
         if len(ep.turns) >= self.cfg.max_turns:
             self.over = True

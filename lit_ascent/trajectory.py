@@ -70,6 +70,9 @@ class Episode:
     """v_i: the environment's verifier said the task was solved."""
     error: str | None = None
     """Environment error that ended the episode, if any."""
+    score: float | None = None
+    """The environment's graded score of the episode: its last step's ``info["score"]`` (WebShop's
+    reward in [0, 1]; verified iff 1.0); None where the environment only verifies."""
     timings: dict[str, float] = field(default_factory=dict)
     # Set by callbacks before the update (see callbacks/):
     trainable: bool = True
@@ -114,6 +117,7 @@ class Episode:
             "valid": [t.valid for t in self.turns],
             "tokens": len(self.token_ids),
             "error": self.error,
+            "score": self.score,
         }
 
 
@@ -140,7 +144,7 @@ def episode_state(ep: Episode) -> dict[str, Any]:
         "prompt_len": ep.prompt_len,
         "turns": [{"index": u.index, "text": u.text, "action": u.action, "observation": u.observation,
                    "valid": u.valid, "span": list(u.span)} for u in ep.turns],
-        "verified": ep.verified, "error": ep.error, "timings": dict(ep.timings),
+        "verified": ep.verified, "error": ep.error, "score": ep.score, "timings": dict(ep.timings),
         "trainable": ep.trainable, "pi_valid_only": ep.pi_valid_only, "memory": ep.memory,
     }
 
@@ -154,6 +158,7 @@ def episode_from_state(state: dict[str, Any]) -> Episode:
     return Episode(task=task, system=state["system"], first_observation=state["first_observation"],
                    token_ids=state["token_ids"].tolist(), roles=state["roles"].tolist(),
                    turn_ids=state["turn_ids"].tolist(), prompt_len=state["prompt_len"], turns=turns,
-                   verified=state["verified"], error=state["error"], timings=dict(state["timings"]),
+                   verified=state["verified"], error=state["error"], score=state.get("score"),
+                   timings=dict(state["timings"]),
                    trainable=state["trainable"],
                    pi_valid_only=state["pi_valid_only"], memory=state.get("memory"))

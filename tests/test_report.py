@@ -63,7 +63,8 @@ def by_hand(method: str, seed: str) -> dict[str, float]:
 def test_table_matches_hand_computation(runs_root):
     table = report.comparison_table(report.load_runs(runs_root))
     assert list(table) == ["base", "ascent"]
-    for key in report.COLUMNS:
+    assert table["ascent"]["summary"]["mean_score"] is None  # the scripted env only verifies
+    for key in by_hand("ascent", "seed0"):
         per_seed = [by_hand("ascent", seed)[key] for seed in ("seed0", "seed1")]
         mean, std, n = table["ascent"]["summary"][key]
         assert n == 2
@@ -82,6 +83,19 @@ def test_markdown_row(runs_root):
     base_row = next(line for line in md.splitlines() if line.startswith("| base |"))
     assert base_row.startswith("| base | 2 | 4 | 50.0 ± 0.0 | 50.0 ± 0.0 |")
     assert base_row.endswith("| - |")  # no fewer-turns share against itself
+    assert "mean score" not in md  # no run has a graded environment
+
+
+def test_graded_runs_get_a_mean_score_column(runs_root):
+    runs = report.load_runs(runs_root)
+    for seeds in runs.values():  # WebShop-like: a solved task scored 1.0, a failed one 0.5 (task "d": no score)
+        for records in seeds.values():
+            for r in records:
+                r["score"] = 1.0 if r["verified"] else (None if r["task_id"] == "d" else 0.5)
+    table = report.comparison_table(runs)
+    assert table["base"]["per_seed"]["seed0"]["mean_score"] == pytest.approx((1 + 0.5 + 1 + 0) / 4)
+    md = report.markdown_table(table)
+    assert md.splitlines()[0].endswith("| mean score |")
 
 
 def test_equal_means_format_alike_despite_float_noise():

@@ -176,7 +176,7 @@ def test_wrong_option_buys_below_one_and_is_not_verified(env):
     other = next(v for n, vs in env.catalog()[0][goal.asin].options if n == name for v in vs if v != wanted)
     env.step(f"click[{other}]")
     r = env.step("click[buy now]")
-    assert r.done and not r.verified and r.info["reward"] < 1.0
+    assert r.done and not r.verified and r.info["score"] == r.info["reward"] < 1.0
 
 
 @pytest.mark.parametrize("action,why", [
@@ -297,7 +297,7 @@ def test_demos_replay_verified_with_their_mistakes():
     assert stats.kept == counts and set(stats.error_kinds) == set(ERROR_KINDS)
     for demo in demos:
         turns = demo.episode.turns
-        assert demo.episode.verified and turns[-1].action == "click[buy now]"
+        assert demo.episode.verified and demo.episode.score == 1.0 and turns[-1].action == "click[buy now]"
         assert [t.index for t in turns if not t.valid] == (list(demo.mistake_turns)
                                                             if demo.error_kind in ("search_button", "buy_typo") else [])
         if demo.error_kind == "wrong_item":

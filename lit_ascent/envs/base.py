@@ -96,6 +96,8 @@ class StepResult:
     valid: bool = True
     """The action was executed (False: rejected / nothing happened)."""
     info: dict[str, Any] = field(default_factory=dict)
+    """Anything else. On the step that ends the episode, ``info["score"]`` is the environment's graded
+    score where it grades episodes (WebShop's reward in [0, 1]); it becomes ``Episode.score``."""
 
 
 class TextEnv:

@@ -221,7 +221,8 @@ class WebShopEnv(TextEnv):
             b.page = "done"
             verified = abs(r.total - 1.0) < 1e-9
             text = f"Thank you for shopping with us! Your score (min 0.0, max 1.0): {r.total:.2f}"
-            return StepResult(text, done=True, verified=verified, info={"asin": b.asin, **r.as_dict()})
+            info = {"asin": b.asin, "score": r.total, **r.as_dict()}
+            return StepResult(text, done=True, verified=verified, info=info)
         else:  # an option value of the item
             name = next(n for n, values in products[b.asin].options if button in values)
             b.chosen[name] = button

@@ -42,6 +42,7 @@ COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "mean_turns": ("mean turns", 1.0),
     "invalid_rate": ("invalid rate (%)", 100.0),
     "fewer_turns_share": ("fewer turns than base (%)", 100.0),
+    "mean_score": ("mean score", 1.0),  # graded environments only (WebShop's reward); left out where none has one
 }
 DIAGNOSTICS = {  # plot name -> (JSONL key, title, y label)
     "first_token_entropy": (ENTROPY, "Entropy of the first response token", "entropy (nats)"),
@@ -110,7 +111,8 @@ def fewer_turns_share(records: Records, base_records: Records) -> float | None:
 
 def run_metrics(records: Records, base_records: Records | None = None) -> dict[str, float | None]:
     """One run's row: success over the stream and its second half, mean turns, invalid rate
-    (invalid actions / turns), and the fewer-turns share against the base run of the same seed."""
+    (invalid actions / turns), the fewer-turns share against the base run of the same seed, and the mean
+    score where the environment grades episodes (``record_rates``; None elsewhere)."""
     s = summarize(records)
     return {
         "tasks": s["tasks"],
@@ -119,6 +121,7 @@ def run_metrics(records: Records, base_records: Records | None = None) -> dict[s
         "mean_turns": s["mean_turns"],
         "invalid_rate": s["invalid_rate"],
         "fewer_turns_share": None if base_records is None else fewer_turns_share(records, base_records),
+        "mean_score": s.get("mean_score"),
     }
 
 
@@ -143,13 +146,16 @@ def comparison_table(runs: Runs, base: str = "base") -> dict[str, dict]:
 
 
 def markdown_table(table: dict[str, dict]) -> str:
-    """The comparison as a markdown table, one row per method, mean ± std over seeds."""
-    head = ["method", "seeds", "tasks", *(h for h, _ in COLUMNS.values())]
+    """The comparison as a markdown table, one row per method, mean ± std over seeds; a column no row
+    has a value for (the mean score of an environment that only verifies) is left out."""
+    columns = {k: c for k, c in COLUMNS.items() if k == "fewer_turns_share"
+               or any(entry["summary"][k] is not None for entry in table.values())}
+    head = ["method", "seeds", "tasks", *(h for h, _ in columns.values())]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method, entry in table.items():
         tasks = sorted({m["tasks"] for m in entry["per_seed"].values()})
         cells = [method, str(len(entry["per_seed"])), "/".join(map(str, tasks))]
-        cells += [format_cell(entry["summary"][k], scale) for k, (_, scale) in COLUMNS.items()]
+        cells += [format_cell(entry["summary"][k], scale) for k, (_, scale) in columns.items()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
