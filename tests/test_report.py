@@ -83,7 +83,7 @@ def test_markdown_row(runs_root):
     base_row = next(line for line in md.splitlines() if line.startswith("| base |"))
     assert base_row.startswith("| base | 2 | 4 | 50.0 ± 0.0 | 50.0 ± 0.0 |")
     assert base_row.endswith("| - |")  # no fewer-turns share against itself
-    assert "mean score" not in md  # no run has a graded environment
+    assert "score" not in md  # no run has a graded environment
 
 
 def test_graded_runs_get_a_mean_score_column(runs_root):
@@ -95,7 +95,9 @@ def test_graded_runs_get_a_mean_score_column(runs_root):
     table = report.comparison_table(runs)
     assert table["base"]["per_seed"]["seed0"]["mean_score"] == pytest.approx((1 + 0.5 + 1 + 0) / 4)
     md = report.markdown_table(table)
-    assert md.splitlines()[0].endswith("| mean score |")
+    assert md.splitlines()[0].endswith("| score (mean reward x 100) |")
+    # base seed0 (1 + 0.5 + 1 + 0) / 4, seed1 (0.5 + 1 + 1 + 0.5) / 4: mean 0.6875, sample std 0.125 / sqrt(2)
+    assert next(line for line in md.splitlines() if line.startswith("| base |")).endswith("| 68.8 ± 8.8 |")
 
 
 def test_equal_means_format_alike_despite_float_noise():

@@ -94,3 +94,20 @@ def test_the_held_out_table_shows_the_share_of_the_base_s_commonest_verb():
     assert table.splitlines()[3].endswith("| 37.5 ± 17.7 / 75.0 ± 35.4 |")
     no_actions = heldout_rows({"base": {"seed0": records("10")}})[0]
     assert no_actions["verb"] is None and no_actions["verb_share"] is None
+
+
+def test_a_graded_environment_gets_a_held_out_score_column():
+    from lit_ascent.results.heldout_table import heldout_markdown, heldout_rows
+
+    def scored(outcomes, scores, model="adapted"):
+        return [{**r, "score": s} for r, s in zip(records(outcomes, model, 0 if model == "initial" else 4), scores)]
+
+    runs = {"base": {"seed0": scored("10", [1.0, 0.5])},  # base's fast weights never move: its play is the initial's
+            "ascent": {"seed0": scored("11", [1.0, 1.0]), "seed1": scored("01", [None, 1.0])}}
+    rows = {r["method"]: r for r in heldout_rows(runs)}
+    assert rows["ascent"]["score"][:2] == pytest.approx([(1.0 + 0.5) / 2, 0.5 * 2 ** 0.5 / 2])
+    assert rows["ascent"]["initial_score"][:2] == pytest.approx([0.75, 0.0])  # seed0 borrows the base's; seed1 none
+    table = heldout_markdown(list(rows.values()))
+    assert table.splitlines()[0].endswith("| score (mean reward x 100), adapted / initial |")
+    assert table.splitlines()[3].endswith("| 75.0 ± 35.4 / 75.0 ± 0.0 |")
+    assert "score" not in heldout_markdown(heldout_rows({"base": {"seed0": records("10")}}))

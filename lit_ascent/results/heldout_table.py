@@ -41,7 +41,9 @@ def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
     only_method = only adapted, only_base = only initial; exact McNemar p; difference and its 95% interval).
     ``initial_from_base``: how many of its runs were paired with their seed's base run (``run_ends``).
     ``verb``: the commonest first word of the base's held-out actions (of every run's without a base; TextCraft:
-    craft); ``verb_share`` / ``initial_verb_share``: its share of the adapted / initial model's actions."""
+    craft); ``verb_share`` / ``initial_verb_share``: its share of the adapted / initial model's actions.
+    ``score`` / ``initial_score``: the mean score where the environment grades episodes (``record_rates``;
+    WebShop's reward), else None."""
     rows = []
     pool = heldout.get(base) or {s: r for seeds in heldout.values() for s, r in seeds.items()}
     verb = top_word(word_shares(r["actions"] for records in pool.values() for r in records if "actions" in r))
@@ -65,7 +67,10 @@ def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
                "initial_success": mean_std([record_rates(i)["success_rate"] if i else None for _, i, _ in ends]),
                "initial_from_base": borrowed, "verb": verb,
                "verb_share": mean_std([verb_share(a) for a, _, _ in ends]),
-               "initial_verb_share": mean_std([verb_share(i) for _, i, _ in ends]), **counts}
+               "initial_verb_share": mean_std([verb_share(i) for _, i, _ in ends]),
+               "score": mean_std([record_rates(a).get("mean_score") for a, _, _ in ends]),
+               "initial_score": mean_std([record_rates(i).get("mean_score") if i else None for _, i, _ in ends]),
+               **counts}
         if sum(counts.values()):
             row.update(paired_stats(counts))
         rows.append(row)
@@ -73,17 +78,21 @@ def heldout_rows(heldout: Runs, base: str = "base") -> list[dict]:
 
 
 def heldout_markdown(rows: list[dict]) -> str:
-    """The held-out rows as a markdown table ('-' where a run has no initial-model evaluation)."""
+    """The held-out rows as a markdown table ('-' where a run has no initial-model evaluation); the mean score
+    column only where a row has one."""
+    scored = any(r.get("score") is not None for r in rows)
     head = ["method", "seeds", "tasks", "after stream tasks", "adapted success (%)", "initial success (%)",
             "initial from base", "both solved", "only adapted", "only initial", "neither", "McNemar exact p",
-            "difference (pp, 95% CI)", f"`{rows[0]['verb'] if rows else None}` actions, adapted / initial (%)"]
+            "difference (pp, 95% CI)", f"`{rows[0]['verb'] if rows else None}` actions, adapted / initial (%)",
+            *(["score (mean reward x 100), adapted / initial"] if scored else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         paired = [*(str(r[k]) for k in COUNTS), f"{r['p']:.3g}", format_difference(r)] if "p" in r else ["-"] * 6
         cells = [r["method"], str(r["seeds"]), "/".join(map(str, r["tasks"])), "/".join(map(str, r["tasks_seen"])),
                  format_cell(r["success"], 100.0), format_cell(r["initial_success"], 100.0),
                  str(r["initial_from_base"]), *paired,
-                 f"{format_cell(r['verb_share'], 100.0)} / {format_cell(r['initial_verb_share'], 100.0)}"]
+                 f"{format_cell(r['verb_share'], 100.0)} / {format_cell(r['initial_verb_share'], 100.0)}",
+                 *([f"{format_cell(r['score'], 100.0)} / {format_cell(r['initial_score'], 100.0)}"] if scored else [])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -42,7 +42,7 @@ COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "mean_turns": ("mean turns", 1.0),
     "invalid_rate": ("invalid rate (%)", 100.0),
     "fewer_turns_share": ("fewer turns than base (%)", 100.0),
-    "mean_score": ("mean score", 1.0),  # graded environments only (WebShop's reward); left out where none has one
+    "mean_score": ("score (mean reward x 100)", 100.0),  # graded environments only (WebShop); left out elsewhere
 }
 DIAGNOSTICS = {  # plot name -> (JSONL key, title, y label)
     "first_token_entropy": (ENTROPY, "Entropy of the first response token", "entropy (nats)"),
