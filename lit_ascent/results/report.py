@@ -42,8 +42,10 @@ COLUMNS = {  # key -> (header, scale: 100 = shown as percent)
     "mean_turns": ("mean turns", 1.0),
     "invalid_rate": ("invalid rate (%)", 100.0),
     "fewer_turns_share": ("fewer turns than base (%)", 100.0),
-    "mean_score": ("score (mean reward x 100)", 100.0),  # graded environments only (WebShop); left out elsewhere
+    "mean_score": ("score (mean reward x 100)", 100.0),  # graded environments only (WebShop)
 }
+OPTIONAL_COLUMNS = {"mean_score"}
+"""Columns left out of the markdown table when no row has a value (an environment that only verifies)."""
 DIAGNOSTICS = {  # plot name -> (JSONL key, title, y label)
     "first_token_entropy": (ENTROPY, "Entropy of the first response token", "entropy (nats)"),
     "drift_kl": (DRIFT, "Drift KL(student || initial) at the first response token", "KL (nats)"),
@@ -146,9 +148,9 @@ def comparison_table(runs: Runs, base: str = "base") -> dict[str, dict]:
 
 
 def markdown_table(table: dict[str, dict]) -> str:
-    """The comparison as a markdown table, one row per method, mean ± std over seeds; a column no row
-    has a value for (the mean score of an environment that only verifies) is left out."""
-    columns = {k: c for k, c in COLUMNS.items() if k == "fewer_turns_share"
+    """The comparison as a markdown table, one row per method, mean ± std over seeds (``OPTIONAL_COLUMNS``
+    only where a row has a value)."""
+    columns = {k: c for k, c in COLUMNS.items() if k not in OPTIONAL_COLUMNS
                or any(entry["summary"][k] is not None for entry in table.values())}
     head = ["method", "seeds", "tasks", *(h for h, _ in columns.values())]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -63,11 +63,11 @@ def sign_rows(controls: dict[str, dict[str, Records]], heldout: dict[str, dict[s
         if set(plays) != set(SCALES) or seed not in heldout.get(method, {}) or seed not in heldout.get(base, {}):
             continue
         own = heldout_end(heldout[method][seed])[0]
+        reproduced = {"reproduced": same_play(plays["1"], own), "goals": len(own)}
         plays = {"+1": plays["1"], "-1": plays["-1"], "base": heldout_end(heldout[base][seed])[0]}
         for row, ref in PAIRS:
             counts = paired_counts(plays[row], plays[ref])
-            rows.append({"seed": seed, "row": row, "reference": ref, **counts, **paired_stats(counts),
-                         "reproduced": same_play(plays["+1"], own), "goals": len(own)})
+            rows.append({"seed": seed, "row": row, "reference": ref, **counts, **paired_stats(counts), **reproduced})
             pooled[(row, ref)] = {k: pooled[(row, ref)][k] + counts[k] for k in COUNTS}
     if len({r["seed"] for r in rows}) > 1:
         rows += [{"seed": "pooled", "row": row, "reference": ref, **c, **paired_stats(c)}
