@@ -164,6 +164,10 @@ def price_bound(price: float, goal_id: str) -> float:
     return max(random.Random(goal_id).sample(above, 2))
 
 
+GOAL_SEP = "#"
+"""Between a goal id's product and its option combination: ``<asin>#<k>``."""
+
+
 def product_goals(product: Product) -> list[Goal]:
     """Every synthetic goal of a product with an instruction (none without one)."""
     if not product.instruction:
@@ -172,7 +176,7 @@ def product_goals(product: Product) -> list[Goal]:
     values = dict(product.options)
     goals = []
     for k, combination in enumerate(itertools.product(*(values[n] for n in names))):
-        goal_id = f"{product.asin}#{k}"
+        goal_id = f"{product.asin}{GOAL_SEP}{k}"
         options = tuple(zip(names, combination))
         option_text = " with " + ", and ".join(f"{n}: {v}" for n, v in options) if options else ""
         bound = price_bound(product.price, goal_id)
@@ -180,6 +184,11 @@ def product_goals(product: Product) -> list[Goal]:
         goals.append(Goal(goal_id, product.asin, f"{product.instruction}{option_text}{price_text}",
                           product.instruction_attributes, options, bound))
     return goals
+
+
+def goal_asin(goal_id: str) -> str:
+    """The product of a goal id (``<asin>#<k>``, ``product_goals``)."""
+    return goal_id.split(GOAL_SEP)[0]
 
 
 def split_products(asins: list[str], demo_size: int, heldout_size: int) -> dict[str, str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lit_ascent.envs.webshop import catalog, parse_web_action
-from lit_ascent.envs.webshop_data import resolve_data_dir
+from lit_ascent.envs.webshop_data import goal_asin, resolve_data_dir
 from lit_ascent.options import parse_options
 from lit_ascent.results.heldout_table import heldout_end
 from lit_ascent.results.paired import Records
@@ -40,17 +40,13 @@ def opened_rank(actions: list[str], search: Search, target: str) -> tuple[int | 
         if verb == "search" and arg:
             hits = [h.lower() for h in search(arg)]
         elif verb == "click" and hits is not None and arg.lower() in hits:
-            return hits.index(arg.lower()) + 1, rank_of(target, hits)
+            return hits.index(arg.lower()) + 1, hits.index(target.lower()) + 1 if target.lower() in hits else None
     return None, None
 
 
-def rank_of(target: str, hits: list[str]) -> int | None:
-    return hits.index(target.lower()) + 1 if target.lower() in hits else None
-
-
 def target_of(record: dict) -> str:
-    """The goal's product id (a WebShop task id is ``<asin>#<k>``)."""
-    return record["task_id"].split("#")[0]
+    """The goal's product id."""
+    return goal_asin(record["task_id"])
 
 
 def top_share(records: Records, search: Search) -> tuple[int, int]:
